@@ -1,0 +1,119 @@
+"""Small shared helpers: stable hashing, atomic artifact writes, seeding, device choice."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+import unicodedata
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def stable_hash(*parts: Any, n_hex: int = 16) -> str:
+    """Content hash of the parts (never Python's salted hash())."""
+    return sha256_hex("\x1f".join(str(p) for p in parts))[:n_hex]
+
+
+def stable_unit(*parts: Any) -> float:
+    """Deterministic number in [0, 1) from the parts: used for splits and seeds."""
+    return int(sha256_hex("\x1f".join(str(p) for p in parts))[:15], 16) / float(16**15)
+
+
+def stable_seed(*parts: Any) -> int:
+    return int(sha256_hex("\x1f".join(str(p) for p in parts))[:8], 16)
+
+
+def normalize_text(text: str) -> str:
+    """NFKC + collapsed whitespace: the form content ids are computed on."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def _atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+    # temp file in the same directory, then os.replace: readers never see half a file
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    _atomic_write(path, write)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_parquet(path: str | Path, df: "pandas.DataFrame") -> None:  # noqa: F821
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    # no pandas metadata and fixed writer options: same rows -> byte-identical file
+    table = table.replace_schema_metadata(None)
+    _atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd", write_statistics=False))
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def torch_save(path: str | Path, obj: Any) -> None:
+    """Save tensors/plain containers atomically; load back with torch.load(weights_only=True)."""
+    import io
+
+    buf = io.BytesIO()  # via memory: the zip's record names would otherwise contain the temp name
+    torch.save(obj, buf)
+    write_bytes(path, buf.getvalue())
+
+
+def torch_load(path: str | Path, device: str = "cpu") -> Any:
+    return torch.load(path, map_location=device, weights_only=True)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def pick_device(device: str = "auto") -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_finite(value: float, what: str, step: int) -> None:
+    """A NaN/inf loss stops the stage: nothing is written from a diverged run."""
+    if not np.isfinite(value):
+        raise FloatingPointError(f"{what} is {value} at step {step}: stopping, no checkpoint written")

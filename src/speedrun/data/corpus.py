@@ -1,0 +1,96 @@
+"""Pretraining corpus: the embedded stdlib prose or a Hugging Face text dataset, cleaned,
+deduplicated by content hash, and split train/val. Every skipped document is counted by reason."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Iterator
+
+import pandas as pd
+
+from speedrun.common import stable_hash, stable_unit
+from speedrun.data.docstrings import collect, split_of
+
+COLUMNS = ["id", "text", "source"]
+
+
+def clean_text(value: object) -> tuple[str | None, str | None]:
+    """(text, None) if usable, else (None, skip reason)."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "undecodable"
+    if not isinstance(value, str):
+        return None, "not_a_string" if value is not None else "missing"
+    try:
+        value.encode("utf-8")  # lone surrogates cannot be encoded: broken upstream decoding
+    except UnicodeEncodeError:
+        return None, "undecodable"
+    if not value.strip():
+        return None, "empty"
+    return value, None
+
+
+def _dedup_split(docs: Iterable[tuple[str, object, str]], stats: Counter) -> dict[str, list[dict]]:
+    """docs: (split_key, raw text, source). Returns rows per split; counts every doc."""
+    seen: set[str] = set()
+    out: dict[str, list[dict]] = {"train": [], "val": []}
+    for split, raw, source in docs:
+        stats["docs_in"] += 1
+        text, reason = clean_text(raw)
+        if reason:
+            stats[f"skipped_{reason}"] += 1
+            continue
+        doc_id = stable_hash(text)
+        if doc_id in seen:
+            stats["skipped_duplicate"] += 1
+            continue
+        seen.add(doc_id)
+        out[split].append({"id": doc_id, "text": text, "source": source})
+        stats["kept"] += 1
+    return out
+
+
+def embedded_docs(val_frac: float) -> tuple[Iterator[tuple[str, object, str]], dict[str, int]]:
+    objects, file_skips = collect()
+    docs = ((split_of(o.top, val_frac), o.text, "pydoc_topics" if o.kind == "topic" else "stdlib") for o in objects)
+    return docs, file_skips
+
+
+def hf_docs(path: str, name: str | None, split: str, text_column: str, max_docs: int,
+            val_frac: float) -> Iterator[tuple[str, object, str]]:
+    """Stream rows from a hub id or a local dir/file in the same layout; only max_docs are read."""
+    from datasets import load_dataset
+
+    if path.endswith((".parquet", ".jsonl", ".json", ".jsonl.gz")):
+        builder = "parquet" if path.endswith(".parquet") else "json"
+        ds = load_dataset(builder, data_files={split: path}, split=split, streaming=True)
+    else:
+        ds = load_dataset(path, name, split=split, streaming=True)
+    for i, row in enumerate(ds):
+        if i >= max_docs:
+            break
+        if text_column not in row:
+            raise KeyError(f"{path} row {i}: no column {text_column!r} (columns: {sorted(row)})")
+        raw = row[text_column]
+        # hf docs have no module: split by a stable hash of the content
+        key = stable_hash(raw) if isinstance(raw, str) else str(i)
+        yield ("val" if stable_unit("split", key) < val_frac else "train"), raw, path
+
+
+def build(docs: Iterable[tuple[str, object, str]], extra_stats: dict[str, int] | None = None
+          ) -> tuple[dict[str, pd.DataFrame], dict]:
+    stats: Counter = Counter()
+    rows = _dedup_split(docs, stats)
+    frames = {s: pd.DataFrame(r, columns=COLUMNS) for s, r in rows.items()}
+    skipped = {k.removeprefix("skipped_"): v for k, v in sorted(stats.items()) if k.startswith("skipped_")}
+    out = {
+        "docs_in": stats["docs_in"],
+        "kept": stats["kept"],
+        "skipped": skipped,
+        "splits": {s: {"docs": len(f), "chars": int(f["text"].str.len().sum())} for s, f in frames.items()},
+    }
+    if extra_stats:
+        out["files_skipped"] = extra_stats
+    assert out["docs_in"] == out["kept"] + sum(skipped.values())
+    return frames, out

@@ -1,0 +1,115 @@
+"""Byte-level BPE: trained with rustbpe, run with tiktoken, saved as a ranks file + JSON (no pickle).
+Chat conversations are rendered with special tokens and an assistant-only loss mask."""
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import tiktoken
+
+from speedrun.common import read_json, write_json, write_text
+
+# GPT-4 split pattern, with numbers grouped by at most two digits (small vocabularies waste less on them)
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>"]
+RANKS_FILE, META_FILE = "tokenizer.ranks", "tokenizer.json"
+
+
+class Tokenizer:
+    """tiktoken Encoding plus the chat template. Plain text never turns into special tokens."""
+
+    def __init__(self, enc: tiktoken.Encoding, digest: str):
+        self.enc = enc
+        self.digest = digest  # content hash of the saved files: checkpoints record which tokenizer they need
+        ids = {t: enc.encode_single_token(t) for t in SPECIAL_TOKENS}
+        self.bos_id = ids["<|bos|>"]
+        self.user_start_id, self.user_end_id = ids["<|user_start|>"], ids["<|user_end|>"]
+        self.assistant_start_id, self.assistant_end_id = ids["<|assistant_start|>"], ids["<|assistant_end|>"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.enc.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 2) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.enc.decode(list(ids))
+
+    def render_conversation(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """<|bos|> then each turn wrapped in its role's tokens; mask is 1 exactly on assistant
+        tokens (content and its closing <|assistant_end|>, which the model must learn to emit)."""
+        ids, mask = [self.bos_id], [0]
+        for i, m in enumerate(messages):
+            role, content = m["role"], m["content"]
+            if role == "system":  # folded into the next user turn: the template has no system role
+                continue
+            if role == "user":
+                if i > 0 and messages[i - 1]["role"] == "system":
+                    content = messages[i - 1]["content"] + "\n\n" + content
+                body = [self.user_start_id, *self.encode(content), self.user_end_id]
+                ids += body
+                mask += [0] * len(body)
+            elif role == "assistant":
+                body = self.encode(content) + [self.assistant_end_id]
+                ids += [self.assistant_start_id] + body
+                mask += [0] + [1] * len(body)
+            else:
+                raise ValueError(f"unknown role {role!r} in message {i}")
+        return ids, mask
+
+    def render_prompt(self, messages: list[dict]) -> list[int]:
+        """Conversation ending in a user turn, primed for the assistant's reply."""
+        if not messages or messages[-1]["role"] != "user":
+            raise ValueError("a prompt must end with a user message")
+        ids, _ = self.render_conversation(messages)
+        return ids + [self.assistant_start_id]
+
+
+def train(texts: Iterator[str], vocab_size: int) -> tiktoken.Encoding:
+    import rustbpe
+
+    n_special = len(SPECIAL_TOKENS)
+    if vocab_size < 256 + n_special + 1:
+        raise ValueError(f"vocab_size {vocab_size} must exceed 256 bytes + {n_special} special tokens")
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(texts, vocab_size - n_special, pattern=SPLIT_PATTERN)
+    ranks = {bytes(b): r for b, r in bpe.get_mergeable_ranks()}
+    return _encoding(ranks)
+
+
+def _encoding(ranks: dict[bytes, int]) -> tiktoken.Encoding:
+    special = {t: len(ranks) + i for i, t in enumerate(SPECIAL_TOKENS)}
+    return tiktoken.Encoding(name="speedrun", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+
+
+def save(enc: tiktoken.Encoding, out_dir: Path) -> None:
+    ranks = enc._mergeable_ranks  # tiktoken keeps them; we write them in its own .tiktoken format
+    lines = "".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in sorted(ranks.items(), key=lambda x: x[1]))
+    write_text(Path(out_dir) / RANKS_FILE, lines)
+    write_json(Path(out_dir) / META_FILE, {"pattern": enc._pat_str, "special_tokens": enc._special_tokens,
+                                           "vocab_size": enc.n_vocab})
+
+
+def load(path: str | Path) -> Tokenizer:
+    path = Path(path)
+    raw = (path / RANKS_FILE).read_bytes()
+    ranks = {}
+    for lineno, line in enumerate(raw.decode().splitlines(), 1):
+        try:
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok)] = int(rank)
+        except ValueError as e:
+            raise ValueError(f"{path / RANKS_FILE} line {lineno}: expected '<base64> <rank>': {e}") from None
+    meta = read_json(path / META_FILE)
+    enc = tiktoken.Encoding(name="speedrun", pat_str=meta["pattern"], mergeable_ranks=ranks,
+                            special_tokens=meta["special_tokens"])
+    digest = hashlib.sha256(raw + (path / META_FILE).read_bytes()).hexdigest()[:16]
+    return Tokenizer(enc, digest)

@@ -1,0 +1,37 @@
+"""Stage corpus: build data/corpus/{train,val}.parquet and stats.json."""
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from speedrun.common import write_json, write_parquet
+from speedrun.data import corpus
+
+
+def main(
+    source: str = typer.Option("embedded", help="embedded (stdlib docstrings + pydoc topics) or hf"),
+    val_frac: float = typer.Option(0.1, help="fraction of split units (modules / docs) sent to val"),
+    hf_path: str = typer.Option("HuggingFaceFW/fineweb-edu", help="hub id, local dir in hub layout, or a .parquet/.jsonl file"),
+    hf_name: Optional[str] = typer.Option(None, help="dataset config name, e.g. sample-10BT"),
+    hf_split: str = typer.Option("train", help="split to stream"),
+    text_column: str = typer.Option("text", help="column holding the document text"),
+    max_docs: int = typer.Option(50_000, help="rows to read from the hf source (streamed)"),
+    out_dir: Path = typer.Option(Path("data/corpus"), help="output directory"),
+) -> None:
+    if source == "embedded":
+        docs, file_skips = corpus.embedded_docs(val_frac)
+    elif source == "hf":
+        docs, file_skips = corpus.hf_docs(hf_path, hf_name, hf_split, text_column, max_docs, val_frac), None
+    else:
+        raise typer.BadParameter(f"--source must be embedded or hf, not {source!r}")
+    frames, stats = corpus.build(docs, file_skips)
+    stats["source"] = source
+    for split, df in frames.items():
+        write_parquet(out_dir / f"{split}.parquet", df)
+    write_json(out_dir / "stats.json", stats)
+    print(f"corpus: {stats['kept']} docs kept of {stats['docs_in']} (skipped {stats['skipped']}); "
+          + ", ".join(f"{s} {v['docs']} docs / {v['chars'] / 1e6:.2f} MB" for s, v in stats["splits"].items()))
+
+
+if __name__ == "__main__":
+    typer.run(main)

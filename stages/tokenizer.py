@@ -1,0 +1,45 @@
+"""Stage tokenizer: train a byte-level BPE on the corpus train split, report chars/token on val."""
+import time
+from pathlib import Path
+
+import pandas as pd
+import typer
+
+from speedrun import tokenizer as tok
+from speedrun.common import write_json
+
+
+def main(
+    corpus_dir: Path = typer.Option(Path("data/corpus"), help="directory with train.parquet and val.parquet"),
+    vocab_size: int = typer.Option(4096, help="total vocabulary size, special tokens included"),
+    max_chars: int = typer.Option(50_000_000, help="train on at most this many characters of the train split"),
+    out_dir: Path = typer.Option(Path("outs/tokenizer"), help="where the ranks file and JSON go"),
+    metrics: Path = typer.Option(Path("reports/metrics/tokenizer.json"), help="metrics JSON"),
+) -> None:
+    train_texts = pd.read_parquet(corpus_dir / "train.parquet")["text"].tolist()
+    val_texts = pd.read_parquet(corpus_dir / "val.parquet")["text"].tolist()
+
+    def capped():
+        n = 0
+        for t in train_texts:
+            if n >= max_chars:
+                return
+            n += len(t)
+            yield t
+
+    t0 = time.perf_counter()
+    enc = tok.train(capped(), vocab_size)
+    seconds = time.perf_counter() - t0
+    tok.save(enc, out_dir)
+    t = tok.load(out_dir)
+    n_tokens = sum(len(ids) for ids in t.encode_batch(val_texts))
+    n_chars = sum(len(s) for s in val_texts)
+    m = {"vocab_size": t.vocab_size, "val_chars_per_token": round(n_chars / max(n_tokens, 1), 4),
+         "train_seconds": round(seconds, 2)}
+    write_json(metrics, m)
+    print(f"tokenizer: vocab {m['vocab_size']}, {m['val_chars_per_token']:.2f} chars/token on val, "
+          f"trained in {seconds:.1f}s")
+
+
+if __name__ == "__main__":
+    typer.run(main)
