@@ -1,7 +1,5 @@
 """Stage corpus: build data/corpus/{train,val}.parquet and stats.json."""
 from pathlib import Path
-from typing import Optional
-
 import typer
 
 from speedrun.common import write_json, write_parquet
@@ -12,16 +10,16 @@ def main(
     source: str = typer.Option("embedded", help="embedded (stdlib docstrings + pydoc topics) or hf"),
     val_frac: float = typer.Option(0.1, help="fraction of split units (modules / docs) sent to val"),
     hf_path: str = typer.Option("HuggingFaceFW/fineweb-edu", help="hub id, local dir in hub layout, or a .parquet/.jsonl file"),
-    hf_name: Optional[str] = typer.Option(None, help="dataset config name, e.g. sample-10BT"),
+    hf_name: str = typer.Option("", help="dataset config name, e.g. sample-10BT ('' = none)"),
     hf_split: str = typer.Option("train", help="split to stream"),
     text_column: str = typer.Option("text", help="column holding the document text"),
-    max_docs: int = typer.Option(50_000, help="rows to read from the hf source (streamed)"),
+    max_docs: int = typer.Option(50_000, help="documents to read at most (hf: rows streamed; embedded: first N objects)"),
     out_dir: Path = typer.Option(Path("data/corpus"), help="output directory"),
 ) -> None:
     if source == "embedded":
-        docs, file_skips = corpus.embedded_docs(val_frac)
+        docs, file_skips = corpus.embedded_docs(val_frac, max_docs)
     elif source == "hf":
-        docs, file_skips = corpus.hf_docs(hf_path, hf_name, hf_split, text_column, max_docs, val_frac), None
+        docs, file_skips = corpus.hf_docs(hf_path, hf_name or None, hf_split, text_column, max_docs, val_frac), None
     else:
         raise typer.BadParameter(f"--source must be embedded or hf, not {source!r}")
     frames, stats = corpus.build(docs, file_skips)

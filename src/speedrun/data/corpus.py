@@ -51,9 +51,10 @@ def _dedup_split(docs: Iterable[tuple[str, object, str]], stats: Counter) -> dic
     return out
 
 
-def embedded_docs(val_frac: float) -> tuple[Iterator[tuple[str, object, str]], dict[str, int]]:
+def embedded_docs(val_frac: float, max_docs: int) -> tuple[Iterator[tuple[str, object, str]], dict[str, int]]:
     objects, file_skips = collect()
-    docs = ((split_of(o.top, val_frac), o.text, "pydoc_topics" if o.kind == "topic" else "stdlib") for o in objects)
+    docs = ((split_of(o.top, val_frac), o.text, "pydoc_topics" if o.kind == "topic" else "stdlib")
+            for o in objects[:: -(-len(objects) // max_docs)])  # an even stride keeps every module represented
     return docs, file_skips
 
 

@@ -1,0 +1,47 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def set_params(repo: Path, overrides: dict) -> None:
+    """Apply dotted-key overrides ("pretrain.steps": 3) to repo/params.yaml."""
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for key, value in overrides.items():
+        node = params
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def make_pipeline_repo(dest: Path, overrides: dict) -> Path:
+    """A fresh git+DVC repo holding the project's files (tracked + untracked, not ignored)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file() and not f.startswith(("reports/", "dvc.lock")):
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, dest / f)
+    set_params(dest, overrides)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=dest, check=True)
+    subprocess.run(git + ["commit", "-qm", "init"], cwd=dest, check=True)
+    return dest
+
+
+def dvc(repo: Path, *args: str) -> str:
+    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t",
+               PYTHONPATH=str(repo / "src"))
+    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, f"dvc {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}"
+    return res.stdout

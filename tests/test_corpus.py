@@ -1,0 +1,88 @@
+import json
+
+import pandas as pd
+import pytest
+
+from speedrun.data import corpus
+from speedrun.data.docstrings import collect, split_of
+
+
+def run_stage(tmp_path, *args):
+    from typer.testing import CliRunner
+    import typer
+    from stages.corpus import main
+
+    app = typer.Typer()
+    app.command()(main)
+    res = CliRunner().invoke(app, [*args, "--out-dir", str(tmp_path / "corpus")])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    out = tmp_path / "corpus"
+    return (pd.read_parquet(out / "train.parquet"), pd.read_parquet(out / "val.parquet"),
+            json.loads((out / "stats.json").read_text()))
+
+
+def test_clean_text_reasons():
+    assert corpus.clean_text("hi") == ("hi", None)
+    assert corpus.clean_text("  \n") == (None, "empty")
+    assert corpus.clean_text(None) == (None, "missing")
+    assert corpus.clean_text(3) == (None, "not_a_string")
+    assert corpus.clean_text(b"\xff\xfe") == (None, "undecodable")
+    assert corpus.clean_text("bad \ud800 surrogate") == (None, "undecodable")
+    assert corpus.clean_text("caf\u00e9".encode()) == ("caf\u00e9", None)
+
+
+def test_embedded_documents_name_their_object():
+    objects, skipped = collect()
+    assert len(objects) > 3000
+    by_name = {o.qualname: o for o in objects}
+    dumps = by_name["json.dumps"]
+    assert dumps.text.startswith("json.dumps(obj, *, skipkeys=False")
+    assert "JSON" in dumps.summary
+    # a module's objects all land on one side of the split
+    assert len({split_of(o.top, 0.1) for o in objects if o.top == "json"}) == 1
+
+
+def test_build_counts_every_document():
+    docs = [("train", "a", "s"), ("train", "a", "s"), ("val", " ", "s"), ("val", None, "s"), ("val", "b", "s")]
+    frames, stats = corpus.build(iter(docs))
+    assert stats["docs_in"] == 5 and stats["kept"] == 2
+    assert stats["skipped"] == {"duplicate": 1, "empty": 1, "missing": 1}
+    assert frames["train"]["text"].tolist() == ["a"] and frames["val"]["text"].tolist() == ["b"]
+
+
+def test_embedded_stage_is_deterministic(tmp_path):
+    a = run_stage(tmp_path / "a", "--max-docs", "400")
+    b = run_stage(tmp_path / "b", "--max-docs", "400")
+    for name in ["train.parquet", "val.parquet", "stats.json"]:
+        assert (tmp_path / "a/corpus" / name).read_bytes() == (tmp_path / "b/corpus" / name).read_bytes()
+    train, val, stats = a
+    assert len(train) > 0 and len(val) > 0 and list(train.columns) == ["id", "text", "source"]
+    assert stats["docs_in"] == stats["kept"] + sum(stats["skipped"].values())
+    assert not set(train["id"]) & set(val["id"])
+
+
+@pytest.mark.parametrize("fmt", ["parquet_dir", "jsonl_file"])
+def test_hf_source_on_local_mirror(tmp_path, fmt):
+    texts = ["First document about bees.", "", "   ", "First document about bees.", None,
+             "Second document, on wasps.", "Third one.", "Fourth and last read.", "Never read: past max_docs."]
+    rows = pd.DataFrame({"text": texts, "url": [f"u{i}" for i in range(len(texts))]})
+    if fmt == "parquet_dir":  # hub layout: a dataset dir with data/<split>-*.parquet
+        (tmp_path / "mirror/data").mkdir(parents=True)
+        rows.to_parquet(tmp_path / "mirror/data/train-00000-of-00001.parquet")
+        path = tmp_path / "mirror"
+    else:
+        path = tmp_path / "docs.jsonl"
+        rows.to_json(path, orient="records", lines=True)
+    train, val, stats = run_stage(tmp_path, "--source", "hf", "--hf-path", str(path), "--max-docs", "8",
+                                  "--val-frac", "0.0")
+    assert stats["docs_in"] == 8 and stats["kept"] == 4
+    assert stats["skipped"] == {"duplicate": 1, "empty": 2, "missing": 1}
+    assert "Never read" not in " ".join(train["text"])
+    assert len(val) == 0
+
+
+def test_hf_missing_column_names_file_and_row(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    pd.DataFrame({"content": ["x"]}).to_json(path, orient="records", lines=True)
+    with pytest.raises(KeyError, match=r"docs.jsonl row 0: no column 'text'"):
+        list(corpus.hf_docs(str(path), None, "train", "text", 10, 0.1))
