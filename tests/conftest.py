@@ -45,3 +45,29 @@ def dvc(repo: Path, *args: str) -> str:
     res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True)
     assert res.returncode == 0, f"dvc {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}"
     return res.stdout
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """data/corpus + outs/tokenizer of a few hundred embedded docs, vocab 320: what training tests run on."""
+    from speedrun import tokenizer as tok
+    from speedrun.common import write_parquet
+    from speedrun.data import corpus
+
+    root = tmp_path_factory.mktemp("tiny")
+    docs, skips = corpus.embedded_docs(0.1, 300)
+    frames, _ = corpus.build(docs, skips)
+    for split, df in frames.items():
+        write_parquet(root / "corpus" / f"{split}.parquet", df)
+    tok.save(tok.train(iter(frames["train"]["text"].tolist()), 320), root / "tokenizer")
+    return root
+
+
+def run_module(module: str, *args: str, cwd: Path = REPO, timeout: int = 300) -> str:
+    res = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                         timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, f"{module} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res.stdout

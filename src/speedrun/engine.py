@@ -1,0 +1,163 @@
+"""Batched sampling with a KV cache, and the matching differentiable log-probs for GRPO.
+
+generate(): left-pad the prompts, prefill each prompt once, repeat its cache num_samples times, then decode
+all rows together. Every row draws its own first token (the first draw happens after the replication).
+sequence_logprobs(): one batched forward over prompt + completion giving, for an unchanged model, the same
+log-probs that generate() recorded: both go through process_logits, i.e. the temperature-scaled, top-k/top-p
+truncated distribution that was actually sampled from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.model import GPT, KVCache
+
+
+def process_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                   keep: Tensor | None = None) -> Tensor:
+    """Log-probs [..., V] of the distribution sampled from: logits / temperature, then top-k, then top-p
+    (the smallest set of most likely tokens holding >= top_p of the top-k-renormalised mass) masked to -inf.
+
+    temperature == 0 is greedy: log-prob 0 on the argmax, -inf elsewhere. top_k ties with the k-th logit are
+    kept. `keep` [...] are token ids that are never masked out (sequence_logprobs passes the sampled tokens,
+    so an updated policy that would now truncate them gives a finite log-prob instead of -inf).
+    """
+    logits = logits.float()
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"bad sampling params: temperature={temperature}, top_k={top_k}, top_p={top_p}")
+    if temperature == 0:
+        best = logits.argmax(-1, keepdim=True)
+        return torch.full_like(logits, float("-inf")).scatter(-1, best, 0.0)
+    logits = logits / temperature
+    if top_k == 0 and top_p == 1.0:
+        return F.log_softmax(logits, dim=-1)
+    with torch.no_grad():  # which tokens survive is a discrete choice: no gradient through the mask
+        drop = torch.zeros_like(logits, dtype=torch.bool)
+        if 0 < top_k < logits.size(-1):
+            drop = logits < logits.topk(top_k, dim=-1).values[..., -1:]
+        if top_p < 1.0:
+            sorted_logits, order = logits.masked_fill(drop, float("-inf")).sort(dim=-1, descending=True, stable=True)
+            probs = sorted_logits.softmax(-1)
+            mass_before = probs.cumsum(-1) - probs
+            drop = drop.scatter(-1, order, mass_before >= top_p)  # the most likely token always has mass_before 0
+        if keep is not None:
+            drop = drop.scatter(-1, keep[..., None], False)
+    return F.log_softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
+
+
+@dataclass
+class Samples:
+    tokens: Tensor        # [N, T] long: completion tokens, pad_id after the stop token
+    mask: Tensor          # [N, T] float: 1.0 on completion tokens (the stop token included), 0 after
+    logprobs: Tensor      # [N, T] float: log-prob of each token under process_logits at sampling time, 0 off-mask
+    prompt_index: Tensor  # [N] long: the prompt each row came from; a prompt's samples are adjacent
+
+
+def left_pad(prompts: list[list[int]] | Tensor, pad_id: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """Right-align the prompts in a [B, P] batch: (ids, key_mask) with key_mask False on the padding."""
+    if isinstance(prompts, Tensor):
+        prompts = prompts.tolist()
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. BOS)")
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    key_mask = torch.zeros(len(prompts), P, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        key_mask[i, P - len(p):] = True
+    return ids.to(device), key_mask.to(device)
+
+
+def _draw(logprobs: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+    if temperature == 0:
+        return logprobs.argmax(-1)
+    probs = logprobs.exp()
+    if generator is not None and generator.device != probs.device:  # draw where the generator lives
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop_id: int | None = None,
+             pad_id: int = 0, generator: torch.Generator | None = None) -> Samples:
+    """Sample num_samples completions of up to max_new_tokens for every prompt (rows [i*num_samples, ...)
+    belong to prompt i). A row ends at stop_id (kept, mask 1); the loop ends when every row has ended.
+    Draws use only `generator` (pass one on the model's device to avoid a copy per step)."""
+    if num_samples < 1 or max_new_tokens < 0:
+        raise ValueError(f"num_samples={num_samples} must be >= 1 and max_new_tokens={max_new_tokens} >= 0")
+    device = next(model.parameters()).device
+    ids, key_mask = left_pad(prompts, pad_id, device)
+    bad = ((ids < 0) | (ids >= model.config.vocab_size)).any(1).nonzero()
+    if len(bad):
+        raise ValueError(f"prompt {int(bad[0])} has token ids outside the vocabulary [0, {model.config.vocab_size})")
+    B, P = ids.shape
+    N = B * num_samples
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(N, max_new_tokens, device=device)
+    logprobs = torch.zeros(N, max_new_tokens, device=device)
+    prompt_index = torch.arange(B, device=device).repeat_interleave(num_samples)
+    if max_new_tokens == 0:
+        return Samples(tokens, mask, logprobs, prompt_index)
+
+    # prefill each prompt once, then give each of its samples its own copy of the cache
+    cache = KVCache(model.config, B, P, device)
+    last = model.logits(model.hidden(ids, key_mask=key_mask, kv_cache=cache)[:, -1])  # left padding: -1 is real
+    cache = cache.expand(num_samples, P + max_new_tokens)
+    last = last.repeat_interleave(num_samples, 0)  # replicated BEFORE the first draw: samples differ from token 1
+
+    rows = torch.arange(N, device=device)  # output row of each cache row
+    alive = torch.ones(N, dtype=torch.bool, device=device)
+    for t in range(max_new_tokens):
+        lp = process_logits(last, temperature, top_k, top_p)
+        nxt = _draw(lp, temperature, generator)
+        live_rows = rows[alive]
+        tokens[live_rows, t] = nxt[alive]
+        logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]
+        mask[live_rows, t] = 1.0
+        if t == max_new_tokens - 1:
+            break
+        if stop_id is not None:
+            alive &= nxt != stop_id
+            n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            if 2 * n_alive <= len(rows):  # compact when half the rows ended: at most log2(N) copies of the cache
+                keep = alive.nonzero().squeeze(-1)
+                cache.keep_rows(keep)
+                rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
+        last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
+    return Samples(tokens, mask, logprobs, prompt_index)
+
+
+def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,
+                      prompt_index: Tensor | None = None, mask: Tensor | None = None,
+                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, pad_id: int = 0) -> Tensor:
+    """Log-probs [N, T] of completion `tokens` [N, T] after their prompts, WITH gradients, in one batched
+    forward over left-padded prompt + completion, under process_logits(temperature, top_k, top_p).
+
+    Row n continues prompts[prompt_index[n]]; prompt_index defaults to Samples' layout (each prompt repeated
+    N / len(prompts) times, adjacent). Where `mask` is 0 the result is 0. A sampled token that the current
+    top-k/top-p would truncate keeps a finite log-prob (it stays in the support).
+    """
+    N, T = tokens.shape
+    device = tokens.device
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
+    B, P = prompt_ids.shape
+    if prompt_index is None:
+        if N % B:
+            raise ValueError(f"{N} completion rows do not split evenly over {B} prompts: pass prompt_index")
+        prompt_index = torch.arange(B, device=device).repeat_interleave(N // B)
+    ids = torch.cat([prompt_ids[prompt_index], tokens], dim=1)
+    key_mask = torch.cat([prompt_mask[prompt_index], torch.ones_like(tokens, dtype=torch.bool)], dim=1)
+    hidden = model.hidden(ids, key_mask=key_mask)[:, P - 1:P - 1 + T]  # the positions that predict the completion
+    lp = process_logits(model.logits(hidden), temperature, top_k, top_p, keep=tokens)
+    lp = lp.gather(-1, tokens[..., None]).squeeze(-1)
+    if mask is not None:
+        lp = torch.where(mask > 0, lp, torch.zeros_like(lp))
+    return lp

@@ -1,0 +1,238 @@
+"""The GPT: nanochat-style decoder with rotary positions, QK-norm, parameter-free RMSNorm, relu^2 MLP,
+no biases, untied embedding / lm head and a tanh logit softcap.
+
+One forward serves three callers:
+  training          model(idx, targets)                       causal, no padding, positions 0..T-1
+  padded batches    model(idx, key_mask=...)                  left padding: pads are never attended to and
+                                                              real tokens get positions 0, 1, ... per row
+  KV-cache decode   model(idx, kv_cache=cache, key_mask=...)  keys/values appended to a preallocated cache
+Dtypes follow the inputs, so bf16 autocast on CUDA works; logits are always returned in fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    depth: int = 4
+    n_embd: int = 0  # 0 -> 64 * depth
+    head_dim: int = 64
+    seq_len: int = 256  # max training context; rotary angles are computed per position, so decoding may go past it
+    softcap: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.n_embd == 0:
+            self.n_embd = 64 * self.depth
+        if self.n_embd % self.head_dim:
+            raise ValueError(f"n_embd={self.n_embd} is not a multiple of head_dim={self.head_dim}")
+
+    @property
+    def n_head(self) -> int:
+        return self.n_embd // self.head_dim
+
+
+def norm(x: Tensor) -> Tensor:
+    return F.rms_norm(x, (x.size(-1),))  # parameter-free RMSNorm
+
+
+def rotary(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [B or 1, 1, T, head_dim/2] for integer positions [B or 1, T]."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.float()[..., None] * inv_freq
+    return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # keep autocast's bf16 instead of promoting to fp32
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+
+
+class KVCache:
+    """Preallocated keys/values for every layer: [L, B, H, max_len, D], written in place as tokens arrive.
+
+    All rows advance together (`pos` is shared); rows of different prompt lengths are left-padded, and
+    `valid` marks which cached positions hold real tokens, `lengths` how many each row has (its next position).
+    """
+
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, device: torch.device | str = "cpu"):
+        self.config, self.batch, self.max_len = config, batch, max_len
+        self.k: Tensor | None = None  # allocated at the first write, in the dtype the model computes in
+        self.v: Tensor | None = None
+        self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.pos = 0
+        self.padded = False  # any invalid position so far: attention then needs an explicit mask
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's k, v [B, H, T, D] for `layer`; return all keys/values so far."""
+        T = k.size(2)
+        if self.pos + T > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.pos} + {T} tokens > max_len {self.max_len}")
+        if self.k is None:
+            c = self.config
+            shape = (c.depth, self.batch, c.n_head, self.max_len, c.head_dim)
+            self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+    def expand(self, n: int, max_len: int) -> KVCache:
+        """A new cache with every row repeated n times (a row's copies adjacent) and room for max_len tokens."""
+        new = KVCache(self.config, self.batch * n, max_len, self.valid.device)
+        new.pos, new.padded = self.pos, self.padded
+        new.valid[:, :self.pos] = self.valid[:, :self.pos].repeat_interleave(n, 0)
+        new.lengths = self.lengths.repeat_interleave(n, 0)
+        if self.k is not None:
+            shape = (self.k.size(0), self.batch * n, self.k.size(2), max_len, self.k.size(4))
+            new.k = self.k.new_zeros(shape)
+            new.v = self.v.new_zeros(shape)
+            new.k[:, :, :, :self.pos] = self.k[:, :, :, :self.pos].repeat_interleave(n, 1)
+            new.v[:, :, :, :self.pos] = self.v[:, :, :, :self.pos].repeat_interleave(n, 1)
+        return new
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """Drop every row not in `rows` (finished samples), so decoding stops spending compute on them."""
+        self.batch = rows.numel()
+        self.valid, self.lengths = self.valid[rows], self.lengths[rows]
+        if self.k is not None:
+            self.k, self.v = self.k[:, rows], self.v[:, rows]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer, self.n_head, self.head_dim = layer, config.n_head, config.head_dim
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # fused q, k, v: one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
+        q, k = norm(apply_rotary(q, cos, sin)), norm(apply_rotary(k, cos, sin))  # QK-norm
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer, k, v)
+        if mask is None:  # no padding: plain causal (a 1-token query may see every cached key)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.attn = CausalSelfAttention(config, layer)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
+        x = x + self.attn(norm(x), cos, sin, mask, kv_cache)
+        return x + self.mlp(norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.depth))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        # nanochat init: unit-variance embedding, uniform in-projections with std 1/sqrt(C), zero out-projections
+        # (every block starts as the identity) and a tiny lm head (near-uniform first predictions)
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        bound = 3**0.5 * self.config.n_embd**-0.5
+        for block in self.blocks:
+            nn.init.uniform_(block.attn.c_attn.weight, -bound, bound)
+            nn.init.uniform_(block.mlp.c_fc.weight, -bound, bound)
+            nn.init.zeros_(block.attn.c_proj.weight)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+
+    def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
+               kv_cache: KVCache | None = None) -> Tensor:
+        """Final normed hidden states [B, T, C].
+
+        key_mask [B, T] bool: False marks padding (never attended to; real tokens are numbered 0, 1, ... per row
+        unless `positions` [B, T] is given). With kv_cache the tokens are appended to the cache.
+        """
+        B, T = idx.shape
+        offset = 0 if kv_cache is None else kv_cache.pos
+        if kv_cache is not None:
+            if key_mask is None:
+                key_mask = torch.ones(B, T, dtype=torch.bool, device=idx.device)
+            elif not kv_cache.padded:
+                kv_cache.padded = not bool(key_mask.all())  # (checked only when given: no sync per decode step)
+            if positions is None:
+                positions = kv_cache.lengths[:, None] + (key_mask.long().cumsum(1) - 1).clamp(min=0)
+            kv_cache.valid[:, offset:offset + T] = key_mask
+            padded = kv_cache.padded
+        else:
+            padded = key_mask is not None and not bool(key_mask.all())
+            if positions is None:
+                positions = ((key_mask.long().cumsum(1) - 1).clamp(min=0) if padded
+                             else torch.arange(T, device=idx.device)[None])
+        mask = None
+        if padded or (kv_cache is not None and offset > 0 and T > 1):
+            S = offset + T
+            valid = kv_cache.valid[:, :S] if kv_cache is not None else key_mask
+            q_pos = torch.arange(offset, S, device=idx.device)[:, None]
+            k_pos = torch.arange(S, device=idx.device)[None]
+            mask = (k_pos <= q_pos)[None] & valid[:, None, :]
+            mask = (mask | (k_pos == q_pos)[None])[:, None]  # a pad query sees itself: no all-masked row, no NaN
+        cos, sin = rotary(positions, self.config.head_dim)
+        x = norm(self.wte(idx))
+        for block in self.blocks:
+            x = block(x, cos, sin, mask, kv_cache)
+        if kv_cache is not None:
+            kv_cache.pos += T
+            kv_cache.lengths += key_mask.sum(1)
+        return norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """lm head + tanh softcap, in fp32: [..., V]."""
+        logits = self.lm_head(hidden).float()
+        return self.config.softcap * torch.tanh(logits / self.config.softcap)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None, ignore_index: int = -1, reduction: str = "mean",
+                *, key_mask: Tensor | None = None, positions: Tensor | None = None,
+                kv_cache: KVCache | None = None) -> Tensor:
+        """logits [B, T, V] if targets is None, else the cross-entropy (mean over non-ignored tokens, or [B, T])."""
+        logits = self.logits(self.hidden(idx, key_mask=key_mask, positions=positions, kv_cache=kv_cache))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=ignore_index, reduction=reduction)
+        return loss.view(targets.shape) if reduction == "none" else loss
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def estimate_flops(self) -> float:
+        """Training FLOPs per token (nanochat convention): 6 x non-embedding params (lm head included)
+        plus 12 L H D T for the attention scores and values."""
+        c = self.config
+        matmul_params = self.num_params() - self.wte.weight.numel()
+        return float(6 * matmul_params + 12 * c.depth * c.n_head * c.head_dim * c.seq_len)

@@ -1,0 +1,1 @@
+"""GRPO (grpo.py) and density-aware prompt sampling (density.py)."""

@@ -1,0 +1,184 @@
+"""Density-aware prompt sampling: embed prompts, weight each by how isolated it is, draw batches.
+
+w_i ∝ (mean cosine distance to its k nearest neighbours)^alpha: isolated prompts are drawn MORE often,
+prompts in a crowd (e.g. one huge module's many near-identical questions) less often.
+Weights are float64 torch tensors on CPU.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def _as_unit_rows(embeddings: torch.Tensor | np.ndarray, tol: float = 1e-3) -> torch.Tensor:
+    e = torch.as_tensor(embeddings).detach().to(torch.float64)
+    if e.dim() != 2 or e.shape[0] == 0:
+        raise ValueError(f"embeddings must be [N, C] with N >= 1, got shape {tuple(e.shape)}")
+    if not torch.isfinite(e).all():
+        row = int(torch.nonzero(~torch.isfinite(e))[0, 0])
+        raise ValueError(f"embeddings row {row} is not finite")
+    norms = e.norm(dim=1)
+    bad = torch.nonzero((norms - 1.0).abs() > tol)
+    if len(bad):
+        row = int(bad[0, 0])
+        raise ValueError(f"embeddings must be L2-normalised rows: row {row} has norm {norms[row].item():.6g}")
+    return e
+
+
+def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int = 1024) -> torch.Tensor:
+    """Mean cosine distance (1 - cos) of each row to its k nearest other rows, float64 [N] on CPU.
+
+    Tiled block_size x block_size with a running top-k per row, so memory is flat in N (never N x N).
+    Runs on the input's device. k is capped at N-1; N=1 gives [0.]. Duplicates are neighbours at distance 0.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    e = _as_unit_rows(embeddings)
+    n = e.shape[0]
+    k_eff = min(k, n - 1)
+    out = torch.zeros(n, dtype=torch.float64)
+    if k_eff == 0:
+        return out
+    for i0 in range(0, n, block_size):
+        i1 = min(i0 + block_size, n)
+        best = torch.full((i1 - i0, k_eff), -math.inf, dtype=e.dtype, device=e.device)  # top-k similarities so far
+        for j0 in range(0, n, block_size):
+            j1 = min(j0 + block_size, n)
+            sim = e[i0:i1] @ e[j0:j1].T
+            if j0 < i1 and i0 < j1:  # this tile holds the diagonal: a point is not its own neighbour
+                r = torch.arange(max(i0, j0), min(i1, j1), device=e.device)
+                sim[r - i0, r - j0] = -math.inf
+            best = torch.cat([best, sim], dim=1).topk(k_eff, dim=1).values
+        out[i0:i1] = (1.0 - best).clamp_min(0.0).mean(dim=1).cpu()  # clamp: rounding can give 1 - cos < 0
+    return out
+
+
+def clip_and_normalise(raw: torch.Tensor, max_ratio: float) -> torch.Tensor:
+    """Floor raw weights at max/max_ratio, normalise to sum 1; guarantees max/min <= max_ratio."""
+    if not max_ratio >= 1.0:
+        raise ValueError(f"max_ratio must be >= 1, got {max_ratio}")
+    w = raw.to(torch.float64)
+    if (w < 0).any() or not torch.isfinite(w).all():
+        raise ValueError("raw weights must be finite and >= 0")
+    top = w.max()
+    if top <= 0:  # all distances 0 (every prompt duplicated): nothing to prefer
+        return torch.full_like(w, 1.0 / w.numel())
+    # tiny slack so the ratio still holds after the rounding of the normalisation
+    w = w.clamp_min(top / max_ratio * (1.0 + 1e-9))
+    w = w / w.sum()
+    return w
+
+
+def prompt_weights(
+    embeddings: torch.Tensor | np.ndarray,
+    k: int,
+    alpha: float,
+    max_ratio: float,
+    block_size: int = 1024,
+) -> torch.Tensor:
+    """Sampling weights float64 [N] summing to 1, ∝ (mean cosine distance to k nearest neighbours)^alpha.
+
+    Larger distance (isolated) -> larger weight. alpha=0 is uniform. Clipped so max/min <= max_ratio.
+    """
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0 (alpha < 0 would oversample crowded prompts), got {alpha}")
+    d = knn_distance(embeddings, k, block_size=block_size)
+    raw = torch.ones_like(d) if alpha == 0 else d.pow(alpha)
+    return clip_and_normalise(raw, max_ratio)
+
+
+@torch.no_grad()
+def embed_prompts(model: torch.nn.Module, prompts: list[list[int]], batch_size: int, device: str | torch.device) -> torch.Tensor:
+    """L2-normalised mean of model.hidden(idx) over each prompt's tokens: float32 [N, C] on CPU.
+
+    Prompts are batched by length (right-padded; causal attention keeps padding out of real positions)
+    and returned in the original order.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(prompts) == 0:
+        raise ValueError("no prompts to embed")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: nothing to embed")
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    was_training = model.training
+    model.eval()
+    out: torch.Tensor | None = None
+    try:
+        for b0 in range(0, len(order), batch_size):
+            ids = order[b0 : b0 + batch_size]
+            t = max(len(prompts[i]) for i in ids)
+            idx = torch.zeros(len(ids), t, dtype=torch.long)
+            mask = torch.zeros(len(ids), t, dtype=torch.float32)
+            for r, i in enumerate(ids):
+                idx[r, : len(prompts[i])] = torch.as_tensor(prompts[i], dtype=torch.long)
+                mask[r, : len(prompts[i])] = 1.0
+            h = model.hidden(idx.to(device)).float().cpu()  # [b, t, C]
+            if h.dim() != 3 or h.shape[:2] != idx.shape:
+                raise ValueError(f"model.hidden returned shape {tuple(h.shape)}, expected [{len(ids)}, {t}, C]")
+            pooled = (h * mask[:, :, None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+            pooled = torch.nn.functional.normalize(pooled, dim=1)
+            if out is None:
+                out = torch.empty(len(prompts), pooled.shape[1], dtype=torch.float32)
+            out[torch.as_tensor(ids)] = pooled
+    finally:
+        model.train(was_training)
+    assert out is not None
+    if not torch.isfinite(out).all():
+        row = int(torch.nonzero(~torch.isfinite(out))[0, 0])
+        raise ValueError(f"embedding of prompt {row} is not finite")
+    return out
+
+
+def effective_sample_size(weights: torch.Tensor | np.ndarray) -> float:
+    """(sum w)^2 / sum w^2: N for uniform weights, 1 when one prompt takes everything."""
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    return float(w.sum() ** 2 / (w * w).sum())
+
+
+def group_shares(weights: torch.Tensor | np.ndarray, groups: Sequence[str]) -> dict[str, float]:
+    """Total sampling weight per group (e.g. per module), keys sorted; sums to sum(weights)."""
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    if len(groups) != w.numel():
+        raise ValueError(f"{len(groups)} group labels for {w.numel()} weights")
+    shares: dict[str, float] = {}
+    for g, x in zip(groups, w.tolist()):
+        shares[str(g)] = shares.get(str(g), 0.0) + x
+    return dict(sorted(shares.items()))
+
+
+def share_entropy(shares: dict[str, float] | Sequence[float]) -> float:
+    """Shannon entropy (nats) of normalised shares; exp() of it is the effective number of groups."""
+    p = np.asarray(list(shares.values()) if isinstance(shares, dict) else list(shares), dtype=np.float64)
+    p = p / p.sum()
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def gini(values: Sequence[float] | np.ndarray | torch.Tensor) -> float:
+    """Gini coefficient of non-negative values in [0, 1): 0 = perfectly even."""
+    x = np.sort(np.asarray(torch.as_tensor(values, dtype=torch.float64)))
+    if (x < 0).any():
+        raise ValueError("gini needs non-negative values")
+    n, total = len(x), x.sum()
+    if n == 0 or total == 0:
+        return 0.0
+    # mean absolute difference form, via the sorted cumulative sum
+    return float((2.0 * np.sum(np.arange(1, n + 1) * x) / (n * total)) - (n + 1) / n)
+
+
+def draw_prompts(weights: torch.Tensor | np.ndarray, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """batch_size distinct prompt indices (LongTensor), drawn ∝ weights without replacement."""
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    if w.dim() != 1 or not torch.isfinite(w).all() or (w < 0).any():
+        raise ValueError("weights must be a 1-D tensor of finite, non-negative numbers")
+    nonzero = int((w > 0).sum())
+    if not 1 <= batch_size <= nonzero:
+        raise ValueError(f"batch_size={batch_size} must be in [1, {nonzero}] (prompts with non-zero weight)")
+    return torch.multinomial(w, batch_size, replacement=False, generator=generator)

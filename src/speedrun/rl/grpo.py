@@ -1,0 +1,133 @@
+"""GRPO math: group-relative advantages, the clipped token loss with a k3 KL penalty, small stats.
+
+Pure tensor functions; the training loop (sampling, scoring, optimiser) lives elsewhere.
+"""
+from __future__ import annotations
+
+import torch
+
+SCALES = ("group", "batch", "none")
+
+
+def _check_groups(rewards: torch.Tensor, group_size: int) -> int:
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [num_prompts * group_size], got shape {tuple(rewards.shape)}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    n = rewards.numel()
+    if n == 0 or n % group_size != 0:
+        raise ValueError(f"rewards has {n} entries, not a positive multiple of group_size={group_size}")
+    return n // group_size
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
+    """A_i = (r_i - mean of its group) / (std + eps); a prompt's group_size samples are contiguous.
+
+    scale="group": Bessel-corrected std of the group; "batch": Bessel-corrected std of all rewards;
+    "none": no division (Dr. GRPO). Returns [num_prompts * group_size], float (rewards' dtype if float).
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    num_prompts = _check_groups(rewards, group_size)
+    r = rewards if rewards.is_floating_point() else rewards.float()
+    r = r.detach()
+    if not torch.isfinite(r).all():
+        bad = int(torch.nonzero(~torch.isfinite(r))[0])
+        raise ValueError(f"reward at index {bad} (group {bad // group_size}) is not finite: {r[bad].item()}")
+    g = r.view(num_prompts, group_size)
+    centered = g - g.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centered.reshape(-1)
+    if scale == "group":
+        if group_size < 2:
+            raise ValueError("scale='group' needs group_size >= 2 (a Bessel-corrected std of one sample is undefined)")
+        std = g.std(dim=1, keepdim=True, unbiased=True)
+    else:
+        if r.numel() < 2:
+            raise ValueError("scale='batch' needs at least 2 rewards")
+        std = r.std(unbiased=True)
+    return (centered / (std + eps)).reshape(-1)
+
+
+def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of groups whose rewards are all equal: they give zero advantage, hence no signal."""
+    num_prompts = _check_groups(rewards, group_size)
+    g = rewards.detach().view(num_prompts, group_size)
+    return float((g.amax(dim=1) == g.amin(dim=1)).float().mean())
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over positions where mask is true (differentiable); masked-out values never leak in."""
+    if x.shape != mask.shape:
+        raise ValueError(f"x shape {tuple(x.shape)} != mask shape {tuple(mask.shape)}")
+    m = mask.bool()
+    n = m.sum()
+    if n == 0:
+        raise ValueError("mask selects no positions")
+    return torch.where(m, x, torch.zeros_like(x)).sum() / n
+
+
+def token_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped GRPO surrogate + beta * k3 KL, averaged over the masked (completion) tokens of the batch.
+
+    logp/old_logp/ref_logp/mask: [B, T] log-probs of the sampled tokens under the current policy, the
+    sampling policy and the frozen reference; advantages: [B], one per sequence. old_logp and ref_logp
+    are constants. Per token: -min(rho*A, clip(rho, 1-eps, 1+eps)*A) + beta*(exp(ref-logp) - (ref-logp) - 1).
+    """
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    for name, t in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
+        if t.shape != logp.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
+    if advantages.shape != (logp.shape[0],):
+        raise ValueError(f"advantages must be [B]={logp.shape[0]}, got shape {tuple(advantages.shape)}")
+    if clip_eps < 0 or beta < 0:
+        raise ValueError(f"clip_eps and beta must be >= 0, got clip_eps={clip_eps}, beta={beta}")
+    m = mask.bool()
+    n = m.sum()
+    if n == 0:
+        raise ValueError("mask selects no completion tokens")
+    # zero the padded positions first: an -inf there would otherwise turn the gradient into NaN
+    zero = torch.zeros_like(logp)
+    logp = torch.where(m, logp, zero)
+    old = torch.where(m, old_logp.detach().to(logp.dtype), zero)
+    ref = torch.where(m, ref_logp.detach().to(logp.dtype), zero)
+    adv = advantages.detach().to(logp.dtype)[:, None]
+
+    ratio = torch.exp(logp - old)
+    surr = ratio * adv
+    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    pg = -torch.minimum(surr, surr_clipped)
+    # k3 estimator: unbiased, >= 0, and its gradient pulls logp toward ref (unlike logp - ref)
+    d = ref - logp
+    kl = torch.exp(d) - d - 1.0
+    per_token = pg + beta * kl
+    loss = torch.where(m, per_token, zero).sum() / n
+
+    with torch.no_grad():
+        nf = n.to(logp.dtype)
+        msum = lambda x: float(torch.where(m, x, zero).sum() / nf)  # noqa: E731
+        # clipped branch active = the min picked the clipped term, so this token gets no gradient
+        clipped = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
+        outside = (ratio > 1.0 + clip_eps) | (ratio < 1.0 - clip_eps)
+        stats = {
+            "loss": float(loss),
+            "pg_loss": msum(pg),
+            "kl": msum(kl),
+            "clip_frac": msum(clipped.to(logp.dtype)),
+            "ratio_outside_frac": msum(outside.to(logp.dtype)),
+            "ratio_mean": msum(ratio),
+            "logp_mean": msum(logp),
+            "n_tokens": float(n),
+        }
+    return loss, stats

@@ -1,0 +1,118 @@
+"""Batches as a pure function of the step: sample g = step * batch + j of the run is window
+perm_epoch[g % n] with a permutation seeded by (seed, epoch). Resume and DDP sharding need nothing more."""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from speedrun.common import stable_seed
+from speedrun.tokenizer import Tokenizer
+
+
+def pack_documents(texts: list[str], tok: Tokenizer) -> torch.Tensor:
+    """One long stream: <|bos|> doc <|bos|> doc ... (int32)."""
+    ids: list[int] = []
+    for doc in tok.encode_batch(texts):
+        ids.append(tok.bos_id)
+        ids.extend(doc)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Non-overlapping [n, seq_len + 1] windows (input and shifted target share one window)."""
+    n = (len(stream) - 1) // seq_len
+    if n < 1:
+        raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {seq_len + 1}")
+    idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
+    return stream[idx].long()
+
+
+class StepSampler:
+    """Which items (of n) go into the batch of a step, and which of those this rank takes."""
+
+    def __init__(self, n_items: int, batch_size: int, micro_batch: int, seed: int, salt: str):
+        if n_items < 1:
+            raise ValueError("nothing to train on: 0 items")
+        self.n, self.batch, self.micro, self.seed, self.salt = n_items, batch_size, micro_batch, seed, salt
+        self._perm = lru_cache(maxsize=4)(self._perm_uncached)
+
+    def _perm_uncached(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(stable_seed(self.seed, self.salt, epoch))
+        return torch.randperm(self.n, generator=g)
+
+    def items(self, step: int, rank: int, world: int) -> list[list[int]]:
+        """This rank's share of the step's batch, split into micro-batches."""
+        if self.batch % world:
+            raise ValueError(f"batch_size {self.batch} is not divisible by {world} processes")
+        ids = []
+        for j in range(step * self.batch, (step + 1) * self.batch):
+            ids.append(int(self._perm(j // self.n)[j % self.n]))
+        mine = ids[rank::world]
+        m = self.micro or len(mine)
+        return [mine[i:i + m] for i in range(0, len(mine), m)]
+
+
+def lm_batch_fn(win: torch.Tensor, sampler: StepSampler):
+    def batch_fn(step: int, rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for ids in sampler.items(step, rank, world):
+            w = win[ids]
+            out.append((w[:, :-1], w[:, 1:]))
+        return out
+    return batch_fn
+
+
+def pad_conversations(rendered: list[tuple[list[int], list[int]]], max_len: int, pad_id: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded inputs and targets; targets are -1 except where the next token is an assistant token."""
+    T = min(max_len, max(len(ids) for ids, _ in rendered) - 1)
+    x = torch.full((len(rendered), T), pad_id, dtype=torch.long)
+    y = torch.full((len(rendered), T), -1, dtype=torch.long)
+    for i, (ids, mask) in enumerate(rendered):
+        ids_t, mask_t = torch.tensor(ids[: T + 1]), torch.tensor(mask[: T + 1], dtype=torch.bool)
+        n = len(ids_t) - 1
+        x[i, :n] = ids_t[:-1]
+        y[i, :n] = torch.where(mask_t[1:], ids_t[1:], -1)
+    return x, y
+
+
+def sft_batch_fn(rendered: list[tuple[list[int], list[int]]], sampler: StepSampler, max_len: int, pad_id: int):
+    def batch_fn(step: int, rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [pad_conversations([rendered[i] for i in ids], max_len, pad_id)
+                for ids in sampler.items(step, rank, world)]
+    return batch_fn
+
+
+def token_bytes(tok: Tokenizer) -> torch.Tensor:
+    """UTF-8 byte length of every token (0 for special tokens): the denominator of bits per byte."""
+    n_special = len(tok.enc._special_tokens)
+    lens = [len(tok.enc.decode_single_token_bytes(i)) for i in range(tok.vocab_size - n_special)]
+    return torch.tensor(lens + [0] * n_special, dtype=torch.long)
+
+
+@torch.no_grad()
+def bits_per_byte(model: torch.nn.Module, win: torch.Tensor, tbytes: torch.Tensor, batch_size: int,
+                  device: str) -> float:
+    """Cross-entropy in bits per UTF-8 byte of the targets: comparable across tokenizers."""
+    nats, nbytes = 0.0, 0
+    for i in range(0, len(win), batch_size):
+        w = win[i:i + batch_size].to(device)
+        loss = model(w[:, :-1], w[:, 1:], reduction="none").float()
+        b = tbytes.to(device)[w[:, 1:]]
+        nats += float((loss * (b > 0)).sum())
+        nbytes += int(b.sum())
+    return nats / (math.log(2) * max(nbytes, 1))
+
+
+@torch.no_grad()
+def masked_loss(model: torch.nn.Module, rendered: list[tuple[list[int], list[int]]], max_len: int, pad_id: int,
+                batch_size: int, device: str) -> float:
+    """Mean cross-entropy over assistant tokens (the SFT objective) on fixed conversations."""
+    total, count = 0.0, 0
+    for i in range(0, len(rendered), batch_size):
+        x, y = pad_conversations(rendered[i:i + batch_size], max_len, pad_id)
+        total += float(model(x.to(device), y.to(device), reduction="sum"))
+        count += int((y != -1).sum())
+    return total / max(count, 1)

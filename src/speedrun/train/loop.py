@@ -1,0 +1,166 @@
+"""The training loop shared by pretrain, SFT and the reward models: AdamW, warmup then decay, gradient
+clipping, periodic eval with early stopping, a resumable scratch checkpoint, DDP, a per-step log.
+
+Batches are a pure function of the step (see data.py), so a run resumed from its scratch checkpoint
+replays exactly the batches an uninterrupted run would have seen and ends with the same weights."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from speedrun.common import check_finite, stable_hash
+from speedrun.train.checkpoint import load_resume, save_resume
+from speedrun.train.distributed import Dist, all_reduce_sum
+
+# (step, rank, world) -> this rank's micro-batches [(inputs, targets)], targets -1 where ignored
+BatchFn = Callable[[int, int, int], list[tuple[torch.Tensor, torch.Tensor]]]
+EvalFn = Callable[[nn.Module], dict[str, float]]
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # summed loss over target tokens
+
+
+@dataclass
+class TrainConfig:
+    steps: int
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    final_lr_frac: float = 0.1  # lr decays linearly to this fraction of lr at the last step
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    patience: int = 0  # evals without improvement > min_delta before stopping; 0 = never stop early
+    min_delta: float = 0.0
+    save_every: int = 0  # scratch checkpoint period in steps; 0 = none
+    bf16: bool = False  # autocast matmuls to bfloat16 (CUDA, or CPUs with bf16 units)
+    monitor: str = "val_loss"  # eval metric for early stopping (lower is better)
+
+
+@dataclass
+class TrainResult:
+    best_state: dict[str, torch.Tensor]
+    best_eval: dict[str, float]
+    steps_done: int
+    stopped_early: bool
+    tokens: int  # target tokens trained on
+    train_seconds: float
+    log: list[dict] = field(default_factory=list)  # per-step train rows
+    evals: list[dict] = field(default_factory=list)  # per-eval rows
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (1.0 - (1.0 - cfg.final_lr_frac) * min(1.0, progress))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if rest:
+        groups.append({"params": rest, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=False)
+
+
+def lm_loss_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return model(x, y, reduction="sum")
+
+
+def autocast(device: str, bf16: bool) -> contextlib.AbstractContextManager:
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+
+
+def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn, d: Dist,
+          scratch: Path | None = None, fingerprint: str = "", loss_fn: LossFn = lm_loss_sum,
+          log_every: int = 10, name: str = "train") -> TrainResult:
+    """Train in place; returns the best-by-eval weights. Raises on a NaN/inf loss."""
+    fingerprint = stable_hash(fingerprint, cfg, d.world)
+    optimizer = make_optimizer(model, cfg)
+    ddp_model = DDP(model) if d.world > 1 else model
+    start, log, evals, best, best_state, bad_evals, tokens = 0, [], [], math.inf, None, 0, 0
+    resume_path = Path(scratch) / "resume.pt" if scratch else None
+    state = load_resume(resume_path, fingerprint) if resume_path else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, log, evals, best, bad_evals, tokens = (state["step"], state["log"], state["evals"], state["best"],
+                                                      state["bad_evals"], state["tokens"])
+        best_state = state["best_state"]
+        if d.is_main:
+            print(f"{name}: resumed from {resume_path} at step {start}")
+
+    def run_eval(step: int) -> bool:
+        nonlocal best, best_state, bad_evals
+        model.eval()
+        with torch.no_grad(), autocast(d.device, cfg.bf16):
+            metrics = eval_fn(model)
+        model.train()
+        evals.append({"step": step, **metrics})
+        value = metrics[cfg.monitor]
+        check_finite(value, cfg.monitor, step)
+        if d.is_main:
+            print(f"{name} step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if value < best - cfg.min_delta:
+            best, bad_evals = value, 0
+            best_state = copy.deepcopy(model.state_dict())
+        else:
+            bad_evals += 1
+        return cfg.patience > 0 and bad_evals >= cfg.patience
+
+    model.train()
+    stopped, train_seconds, step = False, 0.0, start
+    if start == 0:
+        stopped = run_eval(0)
+    while step < cfg.steps and not stopped:
+        t0 = time.perf_counter()
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        micro = batch_fn(step, d.rank, d.world)
+        # normalise by the global count of target tokens: exact same gradient for any world size / split
+        n_local = sum(int((y != -1).sum()) for _, y in micro)
+        n_global = int(all_reduce_sum(torch.tensor(n_local, dtype=torch.long), d))
+        loss_total = 0.0
+        for i, (x, y) in enumerate(micro):
+            x, y = x.to(d.device), y.to(d.device)
+            sync = i == len(micro) - 1 or d.world == 1
+            ctx = contextlib.nullcontext() if sync else ddp_model.no_sync()
+            with ctx, autocast(d.device, cfg.bf16):
+                loss = loss_fn(ddp_model, x, y) * (d.world / n_global)  # DDP averages grads over ranks
+            loss.backward()
+            loss_total += float(loss.detach()) / d.world
+        loss_value = float(all_reduce_sum(torch.tensor(loss_total), d))
+        check_finite(loss_value, f"{name} loss", step)
+        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        train_seconds += dt
+        tokens += n_global
+        step += 1
+        log.append({"step": step, "loss": loss_value, "lr": lr_at(step - 1, cfg), "grad_norm": grad_norm,
+                    "tokens_per_s": n_global / dt})
+        if d.is_main and (step % log_every == 0 or step == cfg.steps):
+            print(f"{name} step {step}/{cfg.steps}: loss {loss_value:.4f}, {n_global / dt:,.0f} tok/s")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            stopped = run_eval(step)
+        if resume_path and cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps and d.is_main:
+            save_resume(resume_path, {"fingerprint": fingerprint, "model": model.state_dict(),
+                                      "optimizer": optimizer.state_dict(), "step": step, "log": log, "evals": evals,
+                                      "best": best, "best_state": best_state, "bad_evals": bad_evals,
+                                      "tokens": tokens})
+    if resume_path and d.is_main and resume_path.exists():
+        resume_path.unlink()  # finished: a later run with other settings must not pick it up
+    return TrainResult(best_state, next(e for e in evals if e[cfg.monitor] == best) if evals else {},
+                       step, stopped, tokens, train_seconds, log, evals)

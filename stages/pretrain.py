@@ -1,0 +1,84 @@
+"""Stage pretrain: a GPT trained on the packed corpus; val bits-per-byte, early stopping, resume, DDP."""
+from pathlib import Path
+
+import pandas as pd
+import torch
+import typer
+
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import seed_everything, pick_device, write_json
+from speedrun.model import GPT, GPTConfig
+from speedrun.train import data, distributed
+from speedrun.train.checkpoint import save_model
+from speedrun.train.loop import TrainConfig, train
+from speedrun.train.outputs import sample_texts, throughput, write_logs
+
+
+def main(
+    corpus_dir: Path = typer.Option(Path("data/corpus"), help="train.parquet / val.parquet"),
+    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
+    depth: int = typer.Option(4, help="transformer blocks; width = 64 * depth unless --width"),
+    width: int = typer.Option(0, help="model width (0 = 64 * depth)"),
+    head_dim: int = typer.Option(64, help="attention head dimension"),
+    seq_len: int = typer.Option(256, help="context length of the training windows"),
+    steps: int = typer.Option(300, help="optimizer steps (at most)"),
+    batch_size: int = typer.Option(16, help="windows per optimizer step, all processes together"),
+    micro_batch: int = typer.Option(0, help="windows per forward per process (0 = the whole share)"),
+    lr: float = typer.Option(3e-3, help="peak AdamW learning rate"),
+    weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
+    warmup_steps: int = typer.Option(20, help="linear warmup steps"),
+    final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
+    grad_clip: float = typer.Option(1.0, help="max gradient norm"),
+    eval_every: int = typer.Option(50, help="steps between val evaluations"),
+    eval_windows: int = typer.Option(64, help="val windows per evaluation"),
+    patience: int = typer.Option(3, help="evals without improvement before stopping (0 = off)"),
+    min_delta: float = typer.Option(0.002, help="improvement in val bpb that resets patience"),
+    save_every: int = typer.Option(50, help="steps between scratch (resume) checkpoints; 0 = off"),
+    scratch_dir: Path = typer.Option(Path("scratch/pretrain"), help="resume state (not a DVC out)"),
+    seed: int = typer.Option(1337, help="seed of init and data order"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    bf16: bool = typer.Option(False, help="bf16 autocast (on by default on CUDA via params)"),
+    nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
+    out_dir: Path = typer.Option(Path("outs/pretrain"), help="model.pt, meta.json, log.csv, eval.csv"),
+    metrics: Path = typer.Option(Path("reports/metrics/pretrain.json"), help="metrics JSON"),
+) -> None:
+    distributed.maybe_relaunch(nproc, "stages.pretrain")
+    d = distributed.setup(pick_device(device))
+    tok = tokenizer_lib.load(tokenizer_dir)
+    train_win = data.windows(data.pack_documents(pd.read_parquet(corpus_dir / "train.parquet")["text"].tolist(),
+                                                 tok), seq_len)
+    val_win = data.windows(data.pack_documents(pd.read_parquet(corpus_dir / "val.parquet")["text"].tolist(),
+                                               tok), seq_len)[:eval_windows]
+    tbytes = data.token_bytes(tok)
+    seed_everything(seed)
+    config = GPTConfig(vocab_size=tok.vocab_size, depth=depth, n_embd=width, head_dim=head_dim, seq_len=seq_len)
+    model = GPT(config).to(d.device)
+    cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                      final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
+                      min_delta=min_delta, save_every=save_every, bf16=bf16, monitor="val_bpb")
+    sampler = data.StepSampler(len(train_win), batch_size, micro_batch, seed, "pretrain")
+    if d.is_main:
+        print(f"pretrain: {model.num_params() / 1e6:.2f}M params, {len(train_win)} train windows of {seq_len}, "
+              f"{len(val_win)} val windows, {d.world} process(es) on {d.device}")
+    result = train(model, cfg, data.lm_batch_fn(train_win, sampler),
+                   lambda m: {"val_bpb": data.bits_per_byte(m, val_win, tbytes, 16, d.device)}, d,
+                   scratch=scratch_dir, fingerprint=f"pretrain|{tok.digest}|{config}|{seed}|{batch_size}",
+                   name="pretrain")
+    if d.is_main:
+        model.load_state_dict(result.best_state)
+        m = {"val_bpb": round(result.best_eval["val_bpb"], 5), "steps": result.steps_done,
+             "stopped_early": result.stopped_early, "tokens_seen": result.tokens,
+             "params": model.num_params(), **throughput(result, model.estimate_flops())}
+        save_model(out_dir, result.best_state, config,
+                   {"tokenizer": tok.digest, "step": result.steps_done, "val_bpb": m["val_bpb"]})
+        write_logs(out_dir, result)
+        write_json(metrics, m)
+        prompts = [[tok.bos_id] + tok.encode(p) for p in ["json.dumps(", "class ", "The "]]
+        for text in sample_texts(model, tok, prompts, 32, d.device, seed):
+            print("sample:", text.replace("\n", "\\n"))
+        print(f"pretrain: val bpb {m['val_bpb']:.4f} after {m['steps']} steps, {m['tokens_per_s']:,.0f} tok/s")
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,167 @@
+"""Density-aware prompt weights: direction on known clusters, blocked == unblocked, clipping, helpers."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from speedrun.model import GPT, GPTConfig
+from speedrun.rl.density import (draw_prompts, effective_sample_size, embed_prompts, gini, group_shares,
+                                 knn_distance, prompt_weights, share_entropy)
+
+torch.set_num_threads(1)
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x.double(), dim=1)
+
+
+def clusters(seed: int = 0, crowd: int = 50, isolated: int = 5, dim: int = 16) -> torch.Tensor:
+    """A tight crowd of `crowd` points around one direction + `isolated` points in random directions."""
+    g = torch.Generator().manual_seed(seed)
+    center = torch.randn(dim, generator=g, dtype=torch.float64)
+    crowd_pts = center + 0.05 * torch.randn(crowd, dim, generator=g, dtype=torch.float64)
+    iso_pts = torch.randn(isolated, dim, generator=g, dtype=torch.float64)
+    return unit(torch.cat([crowd_pts, iso_pts]))
+
+
+def reference_knn(e: torch.Tensor, k: int) -> torch.Tensor:
+    """Unblocked N x N reference."""
+    dist = 1.0 - e @ e.T
+    dist.fill_diagonal_(math.inf)
+    k = min(k, e.shape[0] - 1)
+    return dist.topk(k, dim=1, largest=False).values.clamp_min(0).mean(1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_isolated_prompts_get_larger_weights(seed):
+    e = clusters(seed)
+    for k, alpha, max_ratio in [(5, 1.0, 1e6), (3, 2.0, 20.0), (10, 0.5, 5.0)]:
+        w = prompt_weights(e, k=k, alpha=alpha, max_ratio=max_ratio)
+        assert w[50:].min() > w[:50].max(), f"isolated must outweigh crowded (k={k}, alpha={alpha})"
+        assert w.sum().item() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_hand_computed_three_points():
+    # (1,0), (0,1), (-1,0): cosine distances 1, 2, 1. k=2 (all others): d = [1.5, 1, 1.5]
+    e = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
+    assert torch.allclose(knn_distance(e, k=2), torch.tensor([1.5, 1.0, 1.5], dtype=torch.float64))
+    assert torch.allclose(knn_distance(e, k=1), torch.ones(3, dtype=torch.float64))
+    w = prompt_weights(e, k=2, alpha=1.0, max_ratio=10.0)
+    assert torch.allclose(w, torch.tensor([0.375, 0.25, 0.375], dtype=torch.float64))
+    # alpha=2: [2.25, 1, 2.25]; max_ratio=2 floors the middle one at 1.125 -> [0.4, 0.2, 0.4]
+    w = prompt_weights(e, k=100, alpha=2.0, max_ratio=2.0)  # k >= N is capped at N-1
+    assert torch.allclose(w, torch.tensor([0.4, 0.2, 0.4], dtype=torch.float64), atol=1e-9)
+    assert w.max() / w.min() <= 2.0
+    assert prompt_weights(e, k=2, alpha=0.0, max_ratio=10.0).tolist() == [1 / 3] * 3
+
+
+def test_blocked_equals_unblocked():
+    g = torch.Generator().manual_seed(3)
+    e = torch.cat([clusters(4, crowd=40, isolated=7), unit(torch.randn(30, 16, generator=g))])
+    for k in (1, 4, 9, 200):
+        ref = reference_knn(e, k)
+        for block in (1, 7, 32, 1024):
+            assert torch.allclose(knn_distance(e, k, block_size=block), ref, atol=1e-12)
+    w_small = prompt_weights(e, 4, 1.0, 50.0, block_size=5)
+    w_big = prompt_weights(e, 4, 1.0, 50.0, block_size=1024)
+    assert torch.allclose(w_small, w_big, atol=1e-15)
+
+
+def test_max_ratio_holds_and_sums_to_one():
+    g = torch.Generator().manual_seed(5)
+    for trial in range(20):
+        n = int(torch.randint(2, 80, (1,), generator=g))
+        e = unit(torch.randn(n, 8, generator=g))
+        e[: n // 3] = e[0]  # a block of exact duplicates: distance 0
+        for max_ratio in (1.0, 1.5, 10.0, 1e4):
+            w = prompt_weights(e, k=3, alpha=1.5, max_ratio=max_ratio, block_size=16)
+            assert w.dtype == torch.float64 and w.shape == (n,)
+            assert torch.isfinite(w).all() and (w > 0).all()
+            assert (w.max() / w.min()).item() <= max_ratio
+            assert w.sum().item() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_duplicates_single_point_and_validation():
+    e = unit(torch.randn(1, 4).expand(6, 4).clone())  # all identical: all distances 0 -> uniform
+    assert torch.allclose(prompt_weights(e, 2, 1.0, 10.0), torch.full((6,), 1 / 6, dtype=torch.float64))
+    pairs = unit(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [-1.0, -1.0]]))
+    w = prompt_weights(pairs, 1, 1.0, 4.0)  # duplicates: d = 0, floored by the clip
+    assert torch.allclose(w[:4], w[0].expand(4)) and w[4] / w[0] == pytest.approx(4.0 / (1 + 1e-9))
+    assert prompt_weights(unit(torch.randn(1, 8)), 5, 1.0, 10.0).tolist() == [1.0]
+    with pytest.raises(ValueError, match="row 1 has norm"):
+        prompt_weights(torch.tensor([[1.0, 0.0], [2.0, 0.0]]), 1, 1.0, 10.0)
+    with pytest.raises(ValueError, match="alpha"):
+        prompt_weights(pairs, 1, -1.0, 10.0)
+    with pytest.raises(ValueError, match="max_ratio"):
+        prompt_weights(pairs, 1, 1.0, 0.5)
+    assert torch.allclose(prompt_weights(pairs.numpy(), 1, 1.0, 4.0), w)  # numpy input
+
+
+def test_summary_helpers():
+    assert effective_sample_size(torch.full((8,), 0.125)) == pytest.approx(8.0)
+    assert effective_sample_size([1.0, 0.0, 0.0]) == pytest.approx(1.0)
+    assert effective_sample_size(np.array([0.5, 0.25, 0.25])) == pytest.approx(1 / 0.375)
+    shares = group_shares(torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64), ["b", "a", "b", "c"])
+    assert list(shares) == ["a", "b", "c"]
+    assert shares["a"] == pytest.approx(0.2) and shares["b"] == pytest.approx(0.4) and shares["c"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="group labels"):
+        group_shares([0.5, 0.5], ["a"])
+    assert share_entropy({"a": 1, "b": 1, "c": 1, "d": 1}) == pytest.approx(math.log(4))
+    assert share_entropy([1.0, 0.0]) == 0.0
+    assert gini([1.0, 1.0, 1.0]) == pytest.approx(0.0, abs=1e-15)
+    assert gini([0.0, 0.0, 0.0, 1.0]) == pytest.approx(0.75)  # (n-1)/n: one holds everything
+    assert gini([1.0, 2.0, 3.0]) == pytest.approx(2 / 9)  # sum|xi-xj| = 8 over 2 * n^2 * mean = 36
+
+
+def test_density_flattens_module_shares():
+    # a big module (crowd of 50) and five one-prompt modules: density weights give the small modules
+    # more total share than uniform does, so the per-module shares are flatter
+    e = clusters(0)
+    groups = ["big"] * 50 + [f"m{i}" for i in range(5)]
+    dens = group_shares(prompt_weights(e, 5, 1.0, 100.0), groups)
+    unif = group_shares(torch.full((55,), 1 / 55, dtype=torch.float64), groups)
+    assert dens["big"] < unif["big"]
+    assert share_entropy(dens) > share_entropy(unif)
+
+
+def test_draw_prompts():
+    w = torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    a = draw_prompts(w, 3, torch.Generator().manual_seed(7))
+    b = draw_prompts(w, 3, torch.Generator().manual_seed(7))
+    assert a.dtype == torch.long and a.tolist() == b.tolist()
+    assert len(set(a.tolist())) == 3 and 0 not in a.tolist()
+    with pytest.raises(ValueError, match="batch_size"):
+        draw_prompts(w, 5, torch.Generator().manual_seed(0))  # only 4 prompts have weight
+    # frequencies follow the weights (single draws)
+    g = torch.Generator().manual_seed(1)
+    counts = torch.bincount(torch.cat([draw_prompts(w, 1, g) for _ in range(4000)]), minlength=5)
+    assert counts[0] == 0 and counts[1] < counts[2] < counts[3] < counts[4]
+    u = draw_prompts(torch.ones(10, dtype=torch.float64), 10, torch.Generator().manual_seed(0))
+    assert sorted(u.tolist()) == list(range(10))
+
+
+def test_embed_prompts_real_gpt():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, depth=1, n_embd=32, head_dim=16))
+    for p in model.parameters():  # the zero-initialised out-projections would make blocks the identity
+        torch.nn.init.normal_(p, std=0.2)
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 64, (int(n),), generator=g).tolist() for n in [5, 1, 9, 3, 9, 2, 7]]
+    e = embed_prompts(model, prompts, batch_size=3, device="cpu")
+    assert e.shape == (7, 32) and e.dtype == torch.float32
+    assert torch.allclose(e.norm(dim=1), torch.ones(7), atol=1e-5)
+    assert model.training, "the caller's train/eval mode is restored"
+    # same as embedding each prompt alone, unpadded, in the original order
+    for i, p in enumerate(prompts):
+        h = model.hidden(torch.tensor([p])).detach()[0].mean(0)
+        assert torch.allclose(e[i], torch.nn.functional.normalize(h, dim=0), atol=1e-5), i
+    assert torch.equal(e, embed_prompts(model, prompts, batch_size=3, device="cpu"))  # deterministic
+    # the same prompt twice gives identical rows; the result feeds prompt_weights directly
+    e2 = embed_prompts(model, prompts + [prompts[2]], batch_size=4, device="cpu")
+    assert torch.allclose(e2[2], e2[7], atol=1e-6)
+    w = prompt_weights(e2, k=2, alpha=1.0, max_ratio=10.0)
+    assert w.sum().item() == pytest.approx(1.0) and (w.max() / w.min()).item() <= 10.0
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        embed_prompts(model, [[1, 2], []], batch_size=2, device="cpu")

@@ -1,0 +1,84 @@
+"""Training loop: resume after SIGKILL, DDP equivalence, NaN guard, data sharding."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, run_module
+from speedrun.train.data import StepSampler, pad_conversations
+
+
+def pretrain_args(root, out, *extra):
+    return ["--corpus-dir", str(root / "corpus"), "--tokenizer-dir", str(root / "tokenizer"), "--depth", "1",
+            "--head-dim", "32", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "2",
+            "--eval-windows", "4", "--patience", "0", "--out-dir", str(out / "model"),
+            "--metrics", str(out / "metrics.json"), "--scratch-dir", str(out / "scratch"), *extra]
+
+
+def test_sampler_shards_partition_the_batch():
+    s = StepSampler(10, 4, 0, seed=1, salt="x")
+    whole = s.items(7, 0, 1)[0]
+    assert sorted(s.items(7, 0, 2)[0] + s.items(7, 1, 2)[0]) == sorted(whole)
+    assert s.items(7, 0, 1)[0] == whole and len(set(sum((s.items(k, 0, 1)[0] for k in range(5)), []))) == 10
+
+
+def test_pad_conversations_targets_only_assistant_tokens():
+    x, y = pad_conversations([([1, 2, 3, 4], [0, 0, 1, 1]), ([5, 6], [0, 1])], 16, pad_id=0)
+    assert x.tolist() == [[1, 2, 3], [5, 0, 0]]
+    assert y.tolist() == [[-1, 3, 4], [6, -1, -1]]
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path):
+    steps = ["--steps", "40", "--save-every", "4", "--eval-every", "8"]
+    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "straight", *steps))
+
+    args = pretrain_args(tiny_corpus, tmp_path / "killed", *steps)
+    proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    resume = tmp_path / "killed/scratch/resume.pt"
+    deadline = time.time() + 120
+    while not resume.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert resume.exists() and not (tmp_path / "killed/model/model.pt").exists(), "kill came too late to test resume"
+
+    out = run_module("stages.pretrain", *args)
+    assert "resumed from" in out
+    a = torch.load(tmp_path / "straight/model/model.pt", weights_only=True)
+    b = torch.load(tmp_path / "killed/model/model.pt", weights_only=True)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert not resume.exists()  # a finished run leaves no resume state behind
+
+
+def test_ddp_two_processes_match_one(tiny_corpus, tmp_path):
+    steps = ["--steps", "3", "--eval-every", "3", "--save-every", "0"]
+    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "one", *steps))
+    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "two", *steps, "--nproc", "2"))
+    a = torch.load(tmp_path / "one/model/model.pt", weights_only=True)
+    b = torch.load(tmp_path / "two/model/model.pt", weights_only=True)
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), (k, (a[k] - b[k]).abs().max())
+
+
+def test_nan_loss_stops_training(tmp_path):
+    from speedrun.model import GPT, GPTConfig
+    from speedrun.train.distributed import Dist
+    from speedrun.train.loop import TrainConfig, train
+
+    model = GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8))
+    batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]
+    calls = []
+
+    def nan_after_two(m, x, y):
+        calls.append(1)
+        return m(x, y, reduction="sum") * (float("nan") if len(calls) > 2 else 1.0)
+
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2"):
+        train(model, TrainConfig(steps=5, eval_every=100), batch, lambda m: {"val_loss": 1.0}, Dist(0, 1, "cpu"),
+              scratch=tmp_path, loss_fn=nan_after_two)
