@@ -37,7 +37,7 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
-def _atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     # temp file in the same directory, then os.replace: readers never see half a file
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +57,7 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -75,12 +75,16 @@ def read_json(path: str | Path) -> Any:
 
 def write_parquet(path: str | Path, df: "pandas.DataFrame") -> None:  # noqa: F821
     import pyarrow as pa
+
+    # no pandas metadata: same rows -> byte-identical file
+    write_table(path, pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None))
+
+
+def write_table(path: str | Path, table: "pyarrow.Table") -> None:  # noqa: F821
+    """Atomic parquet write of an arrow table with fixed writer options (byte-identical reruns)."""
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    # no pandas metadata and fixed writer options: same rows -> byte-identical file
-    table = table.replace_schema_metadata(None)
-    _atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd", write_statistics=False))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd", write_statistics=False))
 
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:

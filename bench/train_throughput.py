@@ -1,0 +1,94 @@
+"""Pretrain step throughput vs the machine's measured matmul peak.
+
+Prints, for the default config (params.yaml: model + pretrain batch), tokens/s, model FLOP/s and
+MFU = model FLOP/s / measured matmul peak of the dtype the step uses, in fp32 and bf16 autocast,
+eager and torch.compile'd.  Usage: python bench/train_throughput.py [--steps 10] [--depth 4] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import yaml
+
+from speedrun.model import GPT, GPTConfig
+from speedrun.train.loop import TrainConfig, autocast, make_optimizer
+
+
+def matmul_peak(dtype: torch.dtype, device: str, n: int = 1024, reps: int = 20) -> float:
+    """Best-of FLOP/s of an n x n x n matmul: the practical peak a model step can hope for."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def step_throughput(cfg: GPTConfig, batch: int, steps: int, bf16: bool, compile: bool, device: str) -> float:
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    opt = make_optimizer(model, TrainConfig(steps=steps))
+    fwd = torch.compile(model) if compile else model
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=device)
+
+    def step() -> None:
+        with autocast(device, bf16):
+            loss = fwd(x[:, :-1], x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):  # warmup (and compilation)
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return batch * cfg.seq_len * steps / (time.perf_counter() - t)
+
+
+def main() -> None:
+    params = yaml.safe_load(open("params.yaml"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--depth", type=int, default=params["model"]["depth"])
+    ap.add_argument("--seq-len", type=int, default=params["model"]["seq_len"])
+    ap.add_argument("--batch", type=int, default=params["pretrain"]["batch_size"])
+    ap.add_argument("--vocab", type=int, default=params["tokenizer"]["vocab_size"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    cfg = GPTConfig(vocab_size=args.vocab, depth=args.depth, head_dim=params["model"]["head_dim"], seq_len=args.seq_len)
+    flops_per_token = GPT(cfg).estimate_flops()
+    print(f"device {args.device}, {torch.get_num_threads()} threads; depth {cfg.depth}, width {cfg.n_embd}, "
+          f"vocab {cfg.vocab_size}, batch {args.batch} x {cfg.seq_len}; {flops_per_token / 1e6:.1f} MFLOP/token")
+    peaks = {"fp32": matmul_peak(torch.float32, args.device), "bf16": matmul_peak(torch.bfloat16, args.device)}
+    for name, p in peaks.items():
+        print(f"matmul peak {name}: {p / 1e9:,.1f} GFLOP/s")
+    # without bf16 units (no AVX512-BF16/AMX on this CPU) bf16 matmuls are emulated and far slower than fp32
+    dtypes = ["fp32", "bf16"] if peaks["bf16"] > peaks["fp32"] else ["fp32"]
+    if dtypes == ["fp32"]:
+        print("bf16 step skipped: the bf16 matmul peak is below fp32 here, so the pipeline trains in fp32")
+    for compile in ([False] if args.no_compile else [False, True]):
+        for dtype in dtypes:
+            tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device)
+            flops = tps * flops_per_token
+            print(f"{dtype} {'compiled' if compile else 'eager':8s}: {tps:8,.0f} tokens/s  "
+                  f"{flops / 1e9:8,.1f} GFLOP/s  MFU {flops / peaks[dtype]:6.1%} (of the {dtype} peak)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Embedded preference pairs from the stdlib docstrings: a question about an object (the same
+templates the SFT model was trained on), chosen = its own docstring summary, rejected = the
+summary of another object. The negative is a hard one (same module, failing that the same group:
+top-level module or pydoc topics) or a random one, picked by stable hashes; the `negative`
+column says which."""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from speedrun.common import normalize_text, stable_seed, stable_unit
+from speedrun.data.docstrings import DocObject, collect, split_of
+from speedrun.data.pairs import Skip, Source, make_pair
+from speedrun.data.questions import answer, answerable, group_of, question
+
+
+def _pick(pool: list[int], answers: list[str], own: str, rng: random.Random) -> int | None:
+    """A random member of pool whose answer differs from own (many objects share a summary)."""
+    options = [i for i in pool if answers[i] != own]
+    return options[rng.randrange(len(options))] if options else None
+
+
+def _pick_any(answers: list[str], own: str, rng: random.Random, tries: int = 100) -> int | None:
+    for _ in range(tries):  # rejection sampling: almost every object has a different answer
+        i = rng.randrange(len(answers))
+        if answers[i] != own:
+            return i
+    return None
+
+
+def source(hard_frac: float = 0.5, val_frac: float = 0.1, objects: list[DocObject] | None = None) -> Source:
+    """Rows are the collected objects; `split` is the corpus split of the object's module."""
+    if objects is None:
+        objects, _ = collect()
+    usable, _ = answerable(objects)
+    answer_of = dict(usable)
+    pool = [o for o, _ in usable]
+    norm = [normalize_text(a) for _, a in usable]
+    by_module, by_group = defaultdict(list), defaultdict(list)
+    for i, o in enumerate(pool):
+        by_module[o.module].append(i)
+        by_group[group_of(o)].append(i)
+    extra = {"hard_frac": hard_frac, "hard_fell_back_to_group": 0, "hard_fell_back_to_random": 0}
+
+    def parse(obj: DocObject, split: str) -> list[dict]:
+        if obj not in answer_of:
+            raise Skip(answer(obj)[1] or "duplicate_name")  # the first object of a name answers it
+        own = normalize_text(answer_of[obj])
+        rng = random.Random(stable_seed("negative", obj.kind, obj.qualname))
+        kind, neg = "random", None
+        if stable_unit("negative_kind", obj.kind, obj.qualname) < hard_frac:
+            kind = "hard"
+            neg = _pick(by_module[obj.module], norm, own, rng)
+            if neg is None:
+                neg = _pick(by_group[group_of(obj)], norm, own, rng)
+                extra["hard_fell_back_to_group"] += neg is not None
+        if neg is None:
+            extra["hard_fell_back_to_random"] += kind == "hard"
+            kind, neg = "random", _pick_any(norm, own, rng)
+            if neg is None:
+                raise Skip("no_negative")
+        prompt = [{"role": "user", "content": question(obj)}]
+        return [make_pair("embedded", split, prompt, answer_of[obj], answer_of[pool[neg]],
+                          group=group_of(obj), negative=kind)]
+
+    return Source(((split_of(o.top, val_frac), o) for o in objects), parse, extra)

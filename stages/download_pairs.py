@@ -1,0 +1,64 @@
+"""Stage download_pairs: preference pairs from every source -> data/pairs/{pairs.parquet,stats.json}.
+
+Real data (needs the hub):  python -m stages.download_pairs --limit-per-source 20000
+                            (same as --only hh,uf,se,embedded; a local mirror dir works for --hh-path etc.)
+Offline / CI default:       python -m stages.download_pairs --only embedded"""
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from speedrun.common import write_json
+from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se, pairs_uf
+
+
+def main(
+    only: Optional[str] = typer.Option(None, help="read just these sources, comma-separated: hh, uf, se, embedded"),
+    no_hh: bool = typer.Option(False, "--no-hh", help="skip Anthropic/hh-rlhf"),
+    no_uf: bool = typer.Option(False, "--no-uf", help="skip HuggingFaceH4/ultrafeedback_binarized"),
+    no_se: bool = typer.Option(False, "--no-se", help="skip HuggingFaceH4/stack-exchange-preferences"),
+    no_embedded: bool = typer.Option(False, "--no-embedded", help="skip the embedded stdlib-docstring pairs"),
+    limit_per_source: int = typer.Option(
+        0, help="rows read per source, taken in turn from each of its splits (0 = all); streamed"),
+    hh_path: str = typer.Option(pairs_hh.HUB_ID, help="hub id or a local dir mirroring the hub layout"),
+    uf_path: str = typer.Option(pairs_uf.HUB_ID, help="hub id or a local dir mirroring the hub layout"),
+    se_path: str = typer.Option(pairs_se.HUB_ID, help="hub id or a local dir mirroring the hub layout"),
+    se_data_dir: Optional[str] = typer.Option(
+        None, help="one stack exchange site, e.g. data/apple.stackexchange.com (default: all)"),
+    se_max_pairs_per_question: int = typer.Option(
+        10, help="answer pairs kept per stack exchange question, widest pm_score gap first"),
+    embedded_hard_frac: float = typer.Option(
+        0.5, help="fraction of embedded pairs whose negative comes from the same module"),
+    val_frac: float = typer.Option(
+        0.1, help="embedded pairs: the corpus val fraction, recorded in `split` (train/val)"),
+    out_dir: Path = typer.Option(Path("data/pairs"), help="output directory"),
+) -> None:
+    disabled = {"hh": no_hh, "uf": no_uf, "se": no_se, "embedded": no_embedded}
+    wanted = [s.strip() for s in only.split(",")] if only else list(pairs.SOURCES)
+    for s in wanted:
+        if s not in pairs.SOURCES:
+            raise typer.BadParameter(f"--only takes {', '.join(pairs.SOURCES)}, not {s!r}")
+        if only and disabled[s]:
+            raise typer.BadParameter(f"--only {s} contradicts --no-{s}")
+    chosen = [s for s in pairs.SOURCES if s in wanted and not disabled[s]]  # fixed order: hh, uf, se, embedded
+    if not chosen:
+        raise typer.BadParameter("every source is disabled")
+    if se_max_pairs_per_question < 1 or not 0.0 <= embedded_hard_frac <= 1.0:
+        raise typer.BadParameter("--se-max-pairs-per-question must be >= 1 and --embedded-hard-frac in [0, 1]")
+    make = {
+        "hh": lambda: pairs_hh.source(hh_path),
+        "uf": lambda: pairs_uf.source(uf_path),
+        "se": lambda: pairs_se.source(se_path, se_max_pairs_per_question, se_data_dir),
+        "embedded": lambda: pairs_embedded.source(embedded_hard_frac, val_frac),
+    }
+    stats = pairs.build({s: make[s]() for s in chosen}, out_dir / "pairs.parquet", limit_per_source)
+    stats["limit_per_source"] = limit_per_source
+    write_json(out_dir / "stats.json", stats)
+    for name, s in stats["sources"].items():
+        print(f"pairs {name}: {s['pairs_kept']} kept from {s['rows_read']} rows "
+              f"(+{s['extra_pairs']} extra pairs, {sum(s['skipped'].values())} skipped: {s['skipped']})")
+    print(f"pairs: {stats['total_pairs']} written to {out_dir / 'pairs.parquet'}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

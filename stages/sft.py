@@ -1,0 +1,96 @@
+"""Stage sft: fine-tune the pretrained GPT on chat conversations, loss on assistant tokens only."""
+from pathlib import Path
+
+import torch
+import typer
+
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import pick_device, seed_everything, write_json
+from speedrun.data import sft as sft_data
+from speedrun.train import data, distributed
+from speedrun.train.checkpoint import load_model, save_model
+from speedrun.train.loop import TrainConfig, train
+from speedrun.train.outputs import sample_texts, throughput, write_logs
+
+
+def main(
+    init_dir: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to start from"),
+    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
+    source: str = typer.Option("embedded", help="embedded (questions about stdlib objects) or hf (messages data)"),
+    val_frac: float = typer.Option(0.1, help="embedded: val share of modules (same split as the corpus)"),
+    per_object: int = typer.Option(0, help="embedded: question templates per object (0 = all)"),
+    hf_path: str = typer.Option("HuggingFaceTB/smoltalk", help="hub id or local dir in the hub layout"),
+    hf_name: str = typer.Option("all", help="dataset config name ('' = none)"),
+    hf_split: str = typer.Option("train", help="split to stream for training"),
+    hf_val_split: str = typer.Option("test", help="split to stream for validation"),
+    max_rows: int = typer.Option(20_000, help="hf: rows to stream per split"),
+    max_len: int = typer.Option(256, help="conversations are cut to this many tokens"),
+    steps: int = typer.Option(200, help="optimizer steps (at most)"),
+    batch_size: int = typer.Option(32, help="conversations per optimizer step, all processes together"),
+    micro_batch: int = typer.Option(0, help="conversations per forward per process (0 = the whole share)"),
+    lr: float = typer.Option(1e-3, help="peak AdamW learning rate"),
+    weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
+    warmup_steps: int = typer.Option(10, help="linear warmup steps"),
+    final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
+    grad_clip: float = typer.Option(1.0, help="max gradient norm"),
+    eval_every: int = typer.Option(50, help="steps between val evaluations"),
+    eval_convs: int = typer.Option(256, help="val conversations per evaluation"),
+    patience: int = typer.Option(3, help="evals without improvement before stopping (0 = off)"),
+    min_delta: float = typer.Option(0.005, help="improvement in val loss that resets patience"),
+    save_every: int = typer.Option(50, help="steps between scratch (resume) checkpoints; 0 = off"),
+    scratch_dir: Path = typer.Option(Path("scratch/sft"), help="resume state (not a DVC out)"),
+    seed: int = typer.Option(1337, help="seed of data order and sampling"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast; use on GPU or CPUs with bf16 units)"),
+    nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
+    out_dir: Path = typer.Option(Path("outs/sft"), help="model.pt, meta.json, log.csv, eval.csv"),
+    metrics: Path = typer.Option(Path("reports/metrics/sft.json"), help="metrics JSON"),
+) -> None:
+    distributed.maybe_relaunch(nproc, "stages.sft")
+    d = distributed.setup(pick_device(device))
+    tok = tokenizer_lib.load(tokenizer_dir)
+    skipped: dict[str, int] = {}
+    if source == "embedded":
+        convs = sft_data.embedded_conversations(val_frac, seed, per_object, skipped)
+    elif source == "hf":
+        train_convs, skipped = sft_data.hf_conversations(hf_path, hf_name or None, hf_split, max_rows)
+        val_convs, val_skipped = sft_data.hf_conversations(hf_path, hf_name or None, hf_val_split, eval_convs)
+        convs = {"train": train_convs, "val": val_convs}
+        skipped = {**skipped, **{f"val_{k}": v for k, v in val_skipped.items()}}
+    else:
+        raise typer.BadParameter(f"--source must be embedded or hf, not {source!r}")
+    rendered = {s: [tok.render_conversation(c) for c in cs] for s, cs in convs.items()}
+    val = rendered["val"][:eval_convs]
+    seed_everything(seed)
+    model, meta = load_model(init_dir, d.device, tok.digest)
+    model.train()
+    cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                      final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
+                      min_delta=min_delta, save_every=save_every, bf16=dtype == "bf16", monitor="val_loss")
+    sampler = data.StepSampler(len(rendered["train"]), batch_size, micro_batch, seed, "sft")
+    if d.is_main:
+        print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "
+              f"(skipped {skipped}), {d.world} process(es) on {d.device}")
+    result = train(model, cfg, data.sft_batch_fn(rendered["train"], sampler, max_len, tok.bos_id),
+                   lambda m: {"val_loss": data.masked_loss(m, val, max_len, tok.bos_id, 32, d.device)}, d,
+                   scratch=scratch_dir, fingerprint=f"sft|{tok.digest}|{meta}|{source}|{seed}|{batch_size}",
+                   name="sft")
+    if d.is_main:
+        model.load_state_dict(result.best_state)
+        m = {"val_loss": round(result.best_eval["val_loss"], 5), "val_loss_before": round(result.evals[0]["val_loss"], 5),
+             "steps": result.steps_done, "stopped_early": result.stopped_early, "tokens_seen": result.tokens,
+             "train_conversations": len(rendered["train"]), "skipped": skipped,
+             **throughput(result, model.estimate_flops())}
+        save_model(out_dir, result.best_state, model.config,
+                   {"tokenizer": tok.digest, "step": result.steps_done, "val_loss": m["val_loss"], "init": str(init_dir)})
+        write_logs(out_dir, result)
+        write_json(metrics, m)
+        prompts = [tok.render_prompt(c[:-1]) for c in convs["val"][:3]]
+        for text, conv in zip(sample_texts(model, tok, prompts, 48, d.device, seed, tok.assistant_end_id), convs["val"]):
+            print("sample:", text.replace("\n", "\\n"), "| reference:", conv[-1]["content"][:120])
+        print(f"sft: val loss {m['val_loss_before']:.3f} (pretrained) -> {m['val_loss']:.3f} after {m['steps']} steps")
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,185 @@
+"""download_pairs on local mirrors of the three hub datasets (loaded through datasets.load_dataset
+exactly as the hub would be), plus the embedded docstring pairs."""
+import json
+import shutil
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import mirrors
+from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se
+from speedrun.data.docstrings import collect
+from speedrun.data.questions import answer, questions
+from stages.download_pairs import main
+
+COLUMNS = ["id", "src", "split", "prompt", "chosen", "rejected", "group", "negative", "attribution"]
+
+
+def run(out, *args, ok=True):
+    app = typer.Typer()
+    app.command()(main)
+    res = CliRunner().invoke(app, [*args, "--out-dir", str(out)])
+    if ok:
+        assert res.exit_code == 0, res.output + repr(res.exception)
+        return pq.read_table(out / "pairs.parquet").to_pylist(), json.loads((out / "stats.json").read_text())
+    assert res.exit_code != 0
+    return res
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    rows = {"hh": mirrors.write_hh(root / "hh"), "uf": mirrors.write_uf(root / "uf"), "se": mirrors.write_se(root / "se")}
+    rows["uf"] = {k: v for k, v in rows["uf"].items() if k.endswith("prefs")}  # sft splits are not read
+    return root, rows
+
+
+def hub_args(root, *extra):
+    return ["--no-embedded", "--hh-path", str(root / "hh"), "--uf-path", str(root / "uf"),
+            "--se-path", str(root / "se"), "--se-max-pairs-per-question", "3", *extra]
+
+
+def test_mirrors_kept_and_skipped_counts(hub, tmp_path):
+    root, rows = hub
+    got, stats = run(tmp_path / "out", *hub_args(root))
+    for src in ("hh", "uf", "se"):
+        want = mirrors.expected([r for rs in rows[src].values() for r in rs])
+        s = stats["sources"][src]
+        assert {k: s[k] for k in want} == want, src
+        assert s["rows_read"] + s["extra_pairs"] == s["pairs_kept"] + sum(s["skipped"].values())
+    assert stats["sources"]["hh"]["splits"] == {"test": 8, "train": 8}
+    assert stats["sources"]["uf"]["splits"] == {"test_prefs": 2, "train_prefs": 2}
+    assert stats["sources"]["se"]["answers_skipped"] == {"missing_answer": 1, "missing_pm_score": 1}
+    assert stats["total_pairs"] == len(got) == 16 + 4 + 15
+    assert list(pq.read_schema(tmp_path / "out/pairs.parquet").names) == COLUMNS
+    assert len({p["id"] for p in got}) == len(got)
+
+    by_src = {s: [p for p in got if p["src"] == s] for s in ("hh", "uf", "se")}
+    multi = [p for p in by_src["hh"] if len(p["prompt"]) == 3]  # earlier turns stay in the prompt
+    assert len(multi) == 8 and all(p["prompt"][1] == {"role": "assistant", "content": "Hello!"} for p in multi)
+    assert {(p["chosen"], p["rejected"]) for p in multi} == {("It is 4.", "It is 5.")}
+    assert not any("red" in p["prompt"][0]["content"] for p in by_src["hh"])
+    sys_prompt = [p for p in by_src["uf"] if p["prompt"][0]["role"] == "system"]
+    assert len(sys_prompt) == 2 and all(p["chosen"] == "Hi!" for p in sys_prompt)
+    for p in by_src["se"]:
+        who = json.loads(p["attribution"])
+        assert who["chosen"]["author"].startswith("user") and who["rejected"]["author_profile"].startswith("https://")
+        assert "<p>" not in p["chosen"] and "&amp;" not in p["chosen"] and "```" in p["prompt"][0]["content"]
+    assert all(p["negative"] is None and p["group"] == p["src"] for p in got)
+
+
+def test_rerun_is_byte_identical_and_ids_ignore_row_order(hub, tmp_path):
+    root, _ = hub
+    a, sa = run(tmp_path / "a", *hub_args(root))
+    run(tmp_path / "b", *hub_args(root))
+    assert (tmp_path / "a/pairs.parquet").read_bytes() == (tmp_path / "b/pairs.parquet").read_bytes()
+    rev = tmp_path / "rev"
+    mirrors.write_hh(rev / "hh", reorder=True)
+    mirrors.write_uf(rev / "uf", reorder=True)
+    mirrors.write_se(rev / "se", reorder=True)
+    c, sc = run(tmp_path / "c", *hub_args(rev))
+    assert {p["id"] for p in a} == {p["id"] for p in c}
+    assert {s: v["skipped"] for s, v in sa["sources"].items()} == {s: v["skipped"] for s, v in sc["sources"].items()}
+
+
+def test_limit_per_source_reads_every_split_in_turn(hub, tmp_path):
+    root, _ = hub
+    _, stats = run(tmp_path / "out", *hub_args(root, "--limit-per-source", "4"))
+    for src in ("hh", "uf", "se"):
+        assert stats["sources"][src]["rows_read"] == 4
+    assert stats["sources"]["hh"]["splits"] == {"test": 2, "train": 2}  # harmless-base, then helpful-base
+    assert stats["sources"]["uf"]["splits"] == {"test_prefs": 2, "train_prefs": 2}
+
+
+def test_source_flags_and_help(hub, tmp_path):
+    root, _ = hub
+    got, stats = run(tmp_path / "uf", "--only", "uf", "--uf-path", str(root / "uf"))
+    assert set(stats["sources"]) == {"uf"} and {p["src"] for p in got} == {"uf"}
+    _, stats = run(tmp_path / "se", "--no-hh", "--no-uf", "--no-embedded", "--se-path", str(root / "se"),
+                   "--se-data-dir", "data/math.stackexchange.com")
+    assert set(stats["sources"]) == {"se"} and stats["sources"]["se"]["rows_read"] == 2
+    got, stats = run(tmp_path / "two", "--only", "se,uf", "--uf-path", str(root / "uf"), "--se-path", str(root / "se"))
+    assert set(stats["sources"]) == {"uf", "se"} and {p["src"] for p in got} == {"uf", "se"}
+    run(tmp_path / "x", "--only", "uf", "--no-uf", ok=False)
+    run(tmp_path / "x", "--only", "nope", ok=False)
+    run(tmp_path / "x", "--no-hh", "--no-uf", "--no-se", "--no-embedded", ok=False)
+    app = typer.Typer()
+    app.command()(main)
+    help_text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    for flag in ("--only", "--no-hh", "--no-uf", "--no-se", "--no-embedded", "--limit-per-source", "--hh-path",
+                 "--uf-path", "--se-path", "--se-max-pairs-per-question", "--se-data-dir", "--out-dir"):
+        assert flag in help_text, flag
+
+
+def test_unparsable_file_fails_naming_it(hub, tmp_path):
+    root, _ = hub
+    shutil.copytree(root / "hh", tmp_path / "hh")
+    bad = tmp_path / "hh/helpful-online/test.jsonl.gz"
+    bad.write_bytes(b"not gzip at all")
+    res = run(tmp_path / "out", "--only", "hh", "--hh-path", str(tmp_path / "hh"), ok=False)
+    assert str(bad) in str(res.exception)
+    assert not (tmp_path / "out/pairs.parquet").exists()
+
+
+def test_hh_prompt_is_common_prefix_cut_at_last_assistant():
+    row = {"chosen": "\n\nHuman: Hi\n\nAssistant: Hey.\n\nHuman: Tell me a joke\n\nAssistant: Why did the chicken...",
+           "rejected": "\n\nHuman: Hi\n\nAssistant: Hey.\n\nHuman: Tell me a joke\n\nAssistant: Why not."}
+    [p] = pairs_hh.parse(row, "train")
+    assert p["prompt"] == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey."},
+                           {"role": "user", "content": "Tell me a joke"}]
+    assert (p["chosen"], p["rejected"]) == ("Why did the chicken...", "Why not.")
+    with pytest.raises(pairs.Skip, match="no_assistant_turn"):
+        pairs_hh.parse({"chosen": "\n\nHuman: a b", "rejected": "\n\nHuman: a c"}, "train")
+
+
+def test_se_pairs_widest_gap_first_and_capped():
+    answers = [mirrors._ans(i, s) for i, s in enumerate([0, 3, 1, 2])]
+    parse = pairs_se.parser(2, Counter())
+    got = parse(mirrors._q(7, "x.stackexchange.com", answers), "train")
+    ids = [(json.loads(p["attribution"])["chosen"]["answer_id"], json.loads(p["attribution"])["rejected"]["answer_id"])
+           for p in got]
+    assert ids[0] == (1, 0) and ids[1] in {(1, 2), (3, 0)}  # gap 3, then one of the two gap-2 pairs
+    assert parse(mirrors._q(7, "x.stackexchange.com", answers[::-1]), "train") == got  # answer order is irrelevant
+
+
+def test_html_to_text():
+    html = ('<p>Use <code>a&lt;b</code> and <a href="http://x.y">this</a>.</p><ul><li>one</li></ul>'
+            '<pre><code>def f():\n    return 1\n</code></pre><blockquote><p>q</p></blockquote>')
+    assert pairs_se.html_to_text(html) == ("Use `a<b` and [this](http://x.y).\n\n- one\n\n"
+                                           "```\ndef f():\n    return 1\n```\n\n> q")
+
+
+@pytest.fixture(scope="module")
+def objects():
+    objs, _ = collect()
+    keep = {"json", "csv", "abc", "tkinter", "topic:assert", "topic:assignment"}
+    return [o for o in objs if o.top in keep]
+
+
+def test_embedded_pairs(objects, tmp_path):
+    stats = pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects)}, tmp_path / "a.parquet")
+    pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects)}, tmp_path / "b.parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    got = pq.read_table(tmp_path / "a.parquet").to_pylist()
+    s = stats["sources"]["embedded"]
+    assert s["rows_read"] == len(objects) == s["pairs_kept"] + sum(s["skipped"].values())
+    answers = {}
+    for o in objects:
+        answers.setdefault(answer(o)[0], []).append(o)
+    by_prompt = {}
+    for o in objects:  # the first object of a name answers it (a property's setter comes second)
+        for q in questions(o):
+            by_prompt.setdefault(q, o)
+    n_hard = 0
+    for p in got:
+        obj = by_prompt[p["prompt"][0]["content"]]  # the question is one of the SFT templates
+        assert p["chosen"] == answer(obj)[0] and p["rejected"] != p["chosen"]
+        assert p["group"] == ("pydoc_topics" if obj.kind == "topic" else obj.top)
+        if p["negative"] == "hard":
+            n_hard += 1
+            assert any(o.top == obj.top or o.kind == obj.kind == "topic" for o in answers[p["rejected"]])
+    assert s["negatives"] == {"hard": n_hard, "random": len(got) - n_hard}
+    assert 0.35 < n_hard / len(got) < 0.65

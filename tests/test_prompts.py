@@ -1,0 +1,122 @@
+"""dedup_prompts: prompt ids, exact and near-duplicate merges, the eval split, byte-identical outs."""
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import typer
+from typer.testing import CliRunner
+
+from speedrun.data import pairs as pairs_lib
+from speedrun.data import prompts
+from stages.dedup_prompts import main
+
+LONG = ("I am planning a trip to the mountains next month with my two kids and our dog, and I would like "
+        "to know which hiking trails are safe for young children and which gear we should pack for the cold")
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def pair(src, prompt, chosen="good answer", rejected="bad answer", group=None, negative=None):
+    return pairs_lib.make_pair(src, "train", prompt, chosen, rejected, group=group, negative=negative)
+
+
+def sample_pairs():
+    return [
+        pair("hh", user(LONG)),
+        pair("uf", user(LONG.replace("  ", " ")), "another good", "another bad"),  # exact duplicate of the above
+        pair("uf", user("  " + LONG.replace("trip", "journey") + " ")),  # near-duplicate (one word)
+        pair("se", user(LONG), "se good", "se bad"),  # exact dup from a third source
+        pair("hh", [*user("Hi"), {"role": "assistant", "content": "Hello"}, *user("What is 2+2?")]),
+        pair("hh", user("What is 2+2?")),  # the last turn alone is a different prompt
+        pair("embedded", user("What does `json.dumps` do?"), "Serialize obj.", "Deserialize s.", "json", "hard"),
+        pair("embedded", user("What does `json.loads` do?"), "Deserialize s.", "Serialize obj.", "json", "random"),
+        pair("embedded", user("Briefly describe `typing.Final`."), "A final name.", "x", "typing", "hard"),
+        pair("embedded", user("Briefly describe `typing.final`."), "A final decorator.", "x", "typing", "hard"),
+    ]
+
+
+def write_pairs(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows, schema=pairs_lib.SCHEMA), path)
+
+
+def run(tmp_path, pairs_path, *args):
+    app = typer.Typer()
+    app.command()(main)
+    out = tmp_path / "prompts"
+    res = CliRunner().invoke(app, ["--pairs", str(pairs_path), "--out-dir", str(out), *args])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    return (pd.read_parquet(out / "prompts.parquet"), pq.read_table(out / "pairs.parquet").to_pylist(),
+            pd.read_csv(out / "prompt_id_map.tsv", sep="\t"), json.loads((out / "stats.json").read_text()))
+
+
+def test_prompt_id_normalises_text_but_keeps_roles_and_turns():
+    pid = prompts.prompt_id(user("Ｈｅｌｌｏ   world\n"))
+    assert pid == prompts.prompt_id(user("Hello world")) and len(pid) == 16
+    assert pid != prompts.prompt_id([{"role": "assistant", "content": "Hello world"}])
+    assert pid != prompts.prompt_id([*user("Hi"), {"role": "assistant", "content": "Hey"}, *user("Hello world")])
+    import hashlib
+    assert pid == hashlib.sha256(b"user: Hello world").hexdigest()[:16]
+
+
+def test_near_duplicates_merge_into_the_earliest_id():
+    texts = {
+        "b": "user: " + LONG,
+        "a": "user: " + LONG + " please",
+        "c": "user: " + LONG.replace("trip", "journey"),  # Jaccard 0.84 to a: joins a
+        "f": "user: " + LONG.replace("dog", "cat").replace("trip", "journey"),  # 0.73 to a: a new prompt
+        "d": "user: What does `json.dumps` do?",
+        "e": "user: What does `json.loads` do?",
+    }
+    rep = prompts.near_duplicates(texts, 0.8)
+    assert rep == {"a": "a", "b": "a", "c": "a", "d": "d", "e": "e", "f": "f"}
+    assert prompts.near_duplicates(dict(reversed(list(texts.items()))), 0.8) == rep  # order-free
+    assert prompts.near_duplicates(texts, 1.0) == {k: k for k in texts}
+    sh = prompts.shingles(texts["a"])
+    assert prompts.jaccard(sh, sh) == 1.0 and len(prompts.minhash(sh)) == prompts.N_PERM
+
+
+def test_stage_outputs(tmp_path):
+    rows = sample_pairs()
+    write_pairs(tmp_path / "pairs.parquet", rows)
+    uniq, out_pairs, id_map, stats = run(tmp_path, tmp_path / "pairs.parquet", "--eval-frac", "0.5")
+    assert list(uniq.columns) == ["prompt_id", "prompt", "n_pairs", "srcs", "split", "group", "n_variants"]
+    assert stats["total_pairs"] == 10 and stats["unique_prompts_exact"] == 8
+    assert stats["near_dup_merges"] == 1 and stats["unique_prompts"] == len(uniq) == 7
+    trip = uniq[uniq["n_pairs"] == 4].iloc[0]
+    assert list(trip["srcs"]) == ["hh", "se", "uf"] and trip["n_variants"] == 2
+    assert trip["prompt_id"] == min(prompts.prompt_id(user(LONG)), prompts.prompt_id(user(LONG.replace("trip", "journey"))))
+    assert set(uniq["split"]) <= {"train", "eval"}
+    assert stats["eval_prompts"] == int((uniq["split"] == "eval").sum())
+    assert sorted(uniq.loc[uniq["srcs"].map(lambda s: "embedded" in s), "group"]) == ["json", "json", "typing", "typing"]
+    assert set(uniq.loc[uniq["srcs"].map(lambda s: "embedded" not in s), "group"]) <= {"hh", "uf"}
+    # every pair carries its (merged) prompt_id and that prompt's split; the source split is kept
+    split_of = dict(zip(uniq["prompt_id"], uniq["split"]))
+    assert len(out_pairs) == 10 and all(p["split"] == split_of[p["prompt_id"]] for p in out_pairs)
+    assert all(p["src_split"] == "train" for p in out_pairs)
+    assert dict(zip(id_map["pair_id"], id_map["prompt_id"])) == {p["id"]: p["prompt_id"] for p in out_pairs}
+    assert stats["per_source"]["uf"] == {"pairs": 2, "prompts": 1,
+                                         "eval_prompts": int(split_of[trip["prompt_id"]] == "eval")}
+
+
+def test_stage_is_byte_identical_and_row_order_free(tmp_path):
+    rows = sample_pairs()
+    write_pairs(tmp_path / "a.parquet", rows)
+    write_pairs(tmp_path / "b.parquet", rows[::-1])
+    run(tmp_path / "a", tmp_path / "a.parquet")
+    run(tmp_path / "a2", tmp_path / "a.parquet")
+    run(tmp_path / "b", tmp_path / "b.parquet")
+    for name in ("prompts.parquet", "pairs.parquet", "prompt_id_map.tsv", "stats.json"):
+        assert (tmp_path / "a/prompts" / name).read_bytes() == (tmp_path / "a2/prompts" / name).read_bytes(), name
+    for name in ("prompts.parquet", "prompt_id_map.tsv", "stats.json"):  # pairs.parquet keeps the input order
+        assert (tmp_path / "a/prompts" / name).read_bytes() == (tmp_path / "b/prompts" / name).read_bytes(), name
+
+
+def test_eval_split_is_a_stable_fraction():
+    ids = [prompts.prompt_id(user(f"question {i}")) for i in range(4000)]
+    frac = sum(prompts.eval_split(i, 0.1) == "eval" for i in ids) / len(ids)
+    assert 0.08 < frac < 0.12
+    assert [prompts.eval_split(i, 0.1) for i in ids[:50]] == [prompts.eval_split(i, 0.1) for i in ids[:50]]
+    assert all(prompts.eval_split(i, 0.0) == "train" for i in ids)
