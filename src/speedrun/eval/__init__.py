@@ -1,0 +1,1 @@
+"""Diversity evaluation: metrics (diversity), paired bootstrap comparison (compare), report.md + figures (report)."""

@@ -1,0 +1,200 @@
+"""Diversity metrics on a list of texts: dashes, word Gini, distinct-n, EAD, self-BLEU, a stock phrase.
+
+Words are re.findall(r"\\b\\w+\\b", text.lower()); n-grams never cross a text boundary.
+Metrics return 0.0 on empty input instead of NaN, so a metrics JSON always stays valid.
+Self-BLEU is computed here with numpy (no nltk), numerically as nltk's sentence_bleu with uniform
+weights and SmoothingFunction().method1 (epsilon 0.1), as Texygen uses it.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+WORD_RE = re.compile(r"\b\w+\b")
+DASHES = ("\u2014", "\u2013")  # em dash, en dash
+# a sentence ends at . ! ? followed by whitespace/end, or at a newline ("json.dumps" does not end one)
+_IN_SENTENCE = r"(?:[^.!?\n]|[.!?](?=\S))"
+NOT_JUST_BUT_RE = re.compile(
+    rf"(?:\bnot|n't)\s+(?:just|only|merely|simply)\b{_IN_SENTENCE}*?\bbut\b(?:\s+also\b)?", re.IGNORECASE)
+SENTENCE_SPLIT_RE = re.compile(r"[.!?]+(?=\s|$)|\n+")
+
+
+def words(text: str) -> list[str]:
+    return WORD_RE.findall(text.lower())
+
+
+def ngrams(tokens: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def em_dash_rate(texts: Sequence[str]) -> float:
+    """Em dashes plus en dashes per 1,000 characters of the pooled texts."""
+    chars = sum(len(t) for t in texts)
+    dashes = sum(t.count(d) for t in texts for d in DASHES)
+    return 1000.0 * dashes / chars if chars else 0.0
+
+
+def gini(counts: Sequence[float]) -> float:
+    """G = sum_i (2i - n - 1) x_i / (n sum x), x sorted ascending: 0 uniform, (n-1)/n all mass on one."""
+    x = np.sort(np.asarray(counts, dtype=np.float64))
+    if x.size and x[0] < 0:
+        raise ValueError(f"gini: counts must be non-negative, got {x[0]}")
+    n, total = x.size, x.sum()
+    if n == 0 or total == 0:
+        return 0.0
+    i = np.arange(1, n + 1)
+    return float(np.sum((2 * i - n - 1) * x) / (n * total))
+
+
+def word_gini(texts: Sequence[str]) -> float:
+    """Gini of the counts of the words that occur in the pooled texts."""
+    return gini(list(Counter(w for t in texts for w in words(t)).values()))
+
+
+def distinct_n(texts: Sequence[str], n: int) -> float:
+    """Unique n-grams / total n-grams over all texts."""
+    grams = [g for t in texts for g in ngrams(words(t), n)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def vocab_ratio(texts: Sequence[str]) -> float:
+    """Unique words / total words (the same number as distinct_n(texts, 1))."""
+    return distinct_n(texts, 1)
+
+
+def ead_from_counts(unique, total, vocab_size: int):
+    """unique / (V (1 - ((V-1)/V)^C)): distinct-n over its expectation under uniform draws (Liu et al. 2022).
+
+    Works on floats or numpy arrays; 0 where total is 0.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"ead: vocab_size must be >= 1, got {vocab_size}")
+    total = np.asarray(total, dtype=np.float64)
+    # 1 - (1 - 1/V)^C via expm1/log1p: exact even when C is large and V huge
+    expected = vocab_size * -np.expm1(total * np.log1p(-1.0 / vocab_size)) if vocab_size > 1 else np.ones_like(total)
+    out = np.where(total > 0, np.asarray(unique, dtype=np.float64) / np.where(total > 0, expected, 1.0), 0.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def ead_n(texts: Sequence[str], n: int, vocab_size: int) -> float:
+    """Expectation-adjusted distinct-n: length-robust, unlike distinct-n which falls as texts get longer."""
+    grams = [g for t in texts for g in ngrams(words(t), n)]
+    return ead_from_counts(len(set(grams)), len(grams), vocab_size)
+
+
+def not_just_but_count(texts: Sequence[str]) -> int:
+    """Occurrences of "not (just|only|merely|simply) ... but (also)" within one sentence ("isn't just" too)."""
+    return sum(len(NOT_JUST_BUT_RE.findall(t)) for t in texts)
+
+
+def sentence_count(text: str) -> int:
+    return sum(1 for s in SENTENCE_SPLIT_RE.split(text) if WORD_RE.search(s))
+
+
+def bleu(hyp: Sequence[str], refs: Sequence[Sequence[str]], n: int = 4, eps: float = 0.1) -> float:
+    """Sentence BLEU-n of a token list against references: clipped n-gram precisions, uniform weights,
+    smoothing method 1 (a zero count becomes eps / denominator), brevity penalty to the closest
+    reference length (shorter wins ties). The plain reference implementation; self_bleu is vectorised."""
+    if not refs:
+        raise ValueError("bleu: needs at least one reference")
+    log_p = 0.0
+    for k in range(1, n + 1):
+        counts = Counter(ngrams(hyp, k))
+        max_ref: Counter = Counter()
+        for ref in refs:
+            for g, c in Counter(ngrams(ref, k)).items():
+                max_ref[g] = max(max_ref[g], c)
+        num = sum(min(c, max_ref[g]) for g, c in counts.items())
+        den = max(1, sum(counts.values()))
+        if k == 1 and num == 0:
+            return 0.0  # no unigram match at all (or an empty hypothesis): BLEU is 0, as in nltk
+        log_p += math.log(num / den if num else eps / den)
+    c = len(hyp)
+    r = min((len(ref) for ref in refs), key=lambda length: (abs(length - c), length))
+    bp = 1.0 if c > r else math.exp(1 - r / c)
+    return bp * math.exp(log_p / n)
+
+
+@dataclass
+class Encoded:
+    """Texts as integer n-gram ids, so pooled counts and self-BLEU are numpy operations.
+
+    Per order k (index k-1): rows[k-1][e], grams[k-1][e], counts[k-1][e] say that text rows[e] holds
+    n-gram grams[e] counts[e] times; entries are sorted by text. n_types[k-1] = distinct k-grams overall.
+    """
+    lengths: np.ndarray
+    rows: list[np.ndarray]
+    grams: list[np.ndarray]
+    counts: list[np.ndarray]
+    n_types: list[int]
+
+
+def encode(token_lists: Sequence[Sequence[str]], n_max: int) -> Encoded:
+    rows, grams, counts, n_types = [], [], [], []
+    for k in range(1, n_max + 1):
+        ids: dict[tuple[str, ...], int] = {}
+        r, g, c = [], [], []
+        for i, toks in enumerate(token_lists):
+            for gram, cnt in Counter(ngrams(toks, k)).items():
+                r.append(i)
+                g.append(ids.setdefault(gram, len(ids)))
+                c.append(cnt)
+        rows.append(np.asarray(r, dtype=np.int64))
+        grams.append(np.asarray(g, dtype=np.int64))
+        counts.append(np.asarray(c, dtype=np.int64))
+        n_types.append(len(ids))
+    lengths = np.asarray([len(t) for t in token_lists], dtype=np.int64)
+    return Encoded(lengths, rows, grams, counts, n_types)
+
+
+def self_bleu_scores(enc: Encoded, select: np.ndarray | None = None, n: int = 4, eps: float = 0.1) -> np.ndarray:
+    """BLEU-n of each selected text against all the other selected texts (the same numbers as bleu())."""
+    if n > len(enc.rows):
+        raise ValueError(f"self_bleu: encoded up to {len(enc.rows)}-grams, asked for {n}")
+    select = np.arange(len(enc.lengths)) if select is None else np.asarray(select, dtype=np.int64)
+    m = select.size
+    if m < 2:
+        raise ValueError(f"self_bleu: needs at least 2 texts, got {m}")
+    pos = np.full(len(enc.lengths), -1, dtype=np.int64)
+    pos[select] = np.arange(m)
+    length = enc.lengths[select]
+    log_p = np.zeros(m)
+    no_unigram_match = np.zeros(m, dtype=bool)
+    for k in range(1, n + 1):
+        keep = pos[enc.rows[k - 1]] >= 0
+        t, g, c = pos[enc.rows[k - 1][keep]], enc.grams[k - 1][keep], enc.counts[k - 1][keep]
+        # the largest count of the n-gram among the *other* texts: the top count, unless this text holds
+        # it alone, then the runner-up
+        n_types = enc.n_types[k - 1]
+        top_count = np.zeros(n_types, dtype=np.int64)
+        np.maximum.at(top_count, g, c)
+        top = c == top_count[g]
+        holders = np.bincount(g[top], minlength=n_types)
+        runner_up = np.zeros(n_types, dtype=np.int64)
+        np.maximum.at(runner_up, g[~top], c[~top])
+        other = np.where(top & (holders[g] < 2), runner_up[g], top_count[g])
+        num = np.bincount(t, weights=np.minimum(c, other), minlength=m)
+        den = np.maximum(1, length - k + 1)
+        log_p += np.log(np.where(num > 0, num, eps) / den)
+        if k == 1:
+            no_unigram_match = num == 0
+    # closest reference length among the others (the shorter one on ties): the text's own length if
+    # another text shares it, else the nearest distinct length below or above
+    uniq, n_same = np.unique(length, return_counts=True)
+    i = np.searchsorted(uniq, length)
+    below = np.where(i > 0, uniq[np.maximum(i - 1, 0)], -(2**40))
+    above = np.where(i < uniq.size - 1, uniq[np.minimum(i + 1, uniq.size - 1)], 2**40)
+    ref_len = np.where(n_same[i] >= 2, length, np.where(length - below <= above - length, below, above))
+    bp = np.where(length > ref_len, 1.0, np.exp(1.0 - ref_len / np.maximum(length, 1)))
+    return np.where(no_unigram_match, 0.0, bp * np.exp(log_p / n))
+
+
+def self_bleu(texts: Sequence[str], n: int = 4) -> float:
+    """Mean over i of BLEU-n of text i against all the others. Depends on the number of texts:
+    compare pools only at the same count."""
+    return float(np.mean(self_bleu_scores(encode([words(t) for t in texts], n), None, n)))

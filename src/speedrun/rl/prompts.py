@@ -1,0 +1,42 @@
+"""GRPO prompts: the train split of the deduplicated prompts, tokenised, and how each variant draws them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from speedrun.rl.density import embed_prompts, prompt_weights
+from speedrun.tokenizer import Tokenizer
+
+
+def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) -> tuple[pd.DataFrame, list[list[int]]]:
+    """Rows of prompts.parquet with split == `split`, and their chat-rendered ids (kept to the last
+    max_prompt_len tokens: the end of a long prompt is what the answer depends on)."""
+    df = pd.read_parquet(path)
+    missing = {"prompt_id", "prompt", "split", "group"} - set(df.columns)
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    df = df[df["split"] == split].reset_index(drop=True)
+    if df.empty:
+        raise ValueError(f"{path}: no prompts with split == {split!r}")
+    ids = []
+    for i, messages in enumerate(df["prompt"]):
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        try:
+            rendered = tok.render_prompt(msgs)
+        except ValueError as e:
+            raise ValueError(f"{path} prompt {df['prompt_id'][i]}: {e}") from None
+        ids.append(rendered[-max_prompt_len:])
+    return df, ids
+
+
+def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], k: int, alpha: float,
+                     max_ratio: float, device: str) -> torch.Tensor:
+    """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the SFT model's embedding
+    space (isolated prompts drawn more often); uniform: equal weights."""
+    if variant == "uniform":
+        return torch.full((len(ids),), 1.0 / len(ids), dtype=torch.float64)
+    if variant == "density":
+        return prompt_weights(embed_prompts(model, ids, 64, device), k, alpha, max_ratio)
+    raise ValueError(f"sampling must be density or uniform, not {variant!r}")

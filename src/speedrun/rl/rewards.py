@@ -1,0 +1,24 @@
+"""Reward-model scores of sampled completions, straight from token ids (no decode/re-encode)."""
+from __future__ import annotations
+
+import torch
+
+from speedrun.engine import Samples, left_pad
+from speedrun.reward.preference import RewardModel
+
+
+@torch.no_grad()
+def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, pad_id: int,
+                  standardise: bool = True, batch_size: int = 64) -> torch.Tensor:
+    """RM reward [N] of each prompt + completion (its stop token included), on CPU.
+    Rows are [left pads | prompt | completion | right pads]; the RM reads the last real token."""
+    device = samples.tokens.device
+    p_ids, p_mask = left_pad(prompts, pad_id, device)
+    out = []
+    for i in range(0, len(samples.tokens), batch_size):
+        rows = samples.prompt_index[i:i + batch_size]
+        ids = torch.cat([p_ids[rows], samples.tokens[i:i + batch_size]], dim=1)
+        mask = torch.cat([p_mask[rows], samples.mask[i:i + batch_size] > 0], dim=1)
+        out.append(rm.score(ids[:, -rm.max_len:], mask[:, -rm.max_len:]).float().cpu())
+    r = torch.cat(out)
+    return rm.standardise(r) if standardise else r

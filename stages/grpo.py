@@ -1,0 +1,98 @@
+"""Stage grpo@<variant>: GRPO from the SFT model against the reward model; the variants differ only in
+how prompts are drawn (density-aware or uniform)."""
+from pathlib import Path
+
+import pandas as pd
+import torch
+import typer
+
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import pick_device, seed_everything, write_json, write_parquet, write_text
+from speedrun.reward.preference import RewardModel
+from speedrun.rl.rewards import score_samples
+from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
+from speedrun.rl.prompts import load_prompts, sampling_weights
+from speedrun.rl.trainer import GRPOConfig, grpo_train
+from speedrun.train.checkpoint import load_model, save_model
+
+
+def main(
+    sampling: str = typer.Option("density", help="density (∝ kNN distance^alpha) or uniform prompt sampling"),
+    sft_dir: Path = typer.Option(Path("outs/sft"), help="policy init and frozen reference"),
+    rm_dir: Path = typer.Option(Path("outs/rm"), help="reward model"),
+    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
+    prompts: Path = typer.Option(Path("data/prompts/prompts.parquet"), help="deduplicated prompts (train split used)"),
+    max_prompt_len: int = typer.Option(128, help="prompts are cut to their last N tokens"),
+    steps: int = typer.Option(40, help="GRPO steps"),
+    prompts_per_step: int = typer.Option(8, help="B: prompts drawn per step"),
+    group_size: int = typer.Option(8, help="G: completions sampled per prompt"),
+    max_new_tokens: int = typer.Option(48, help="completion token budget"),
+    temperature: float = typer.Option(1.0, help="sampling temperature (the loss uses the same distribution)"),
+    top_k: int = typer.Option(0, help="top-k sampling (0 = off)"),
+    top_p: float = typer.Option(1.0, help="nucleus sampling mass (1 = off)"),
+    lr: float = typer.Option(1e-4, help="AdamW learning rate"),
+    beta: float = typer.Option(0.04, help="KL coefficient (k3 estimator) against the SFT reference"),
+    clip_eps: float = typer.Option(0.2, help="PPO-style ratio clip"),
+    inner_updates: int = typer.Option(1, help="mu: gradient passes over each sampled batch"),
+    adv_scale: str = typer.Option("group", help="group | batch | none (Dr. GRPO)"),
+    density_k: int = typer.Option(10, help="neighbours for the density estimate"),
+    density_alpha: float = typer.Option(1.0, help="weight ∝ distance^alpha"),
+    density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
+    seed: int = typer.Option(1337, help="same seed for both variants"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str = typer.Option("fp32", help="fp32 or bf16 autocast"),
+    out_dir: Path = typer.Option(Path("outs/grpo_density"), help="model.pt, meta.json, log.csv, weights.parquet"),
+    metrics: Path = typer.Option(Path("reports/metrics/grpo_density.json"), help="metrics JSON"),
+) -> None:
+    dev = pick_device(device)
+    seed_everything(seed)
+    tok = tokenizer_lib.load(tokenizer_dir)
+    df, ids = load_prompts(prompts, tok, "train", max_prompt_len)
+    policy, meta = load_model(sft_dir, dev, tok.digest)
+    ref, _ = load_model(sft_dir, dev, tok.digest)
+    rm = RewardModel.load(rm_dir, dev)
+    weights = sampling_weights(sampling, ref, ids, density_k, density_alpha, density_max_ratio, dev)
+    draws = torch.zeros(len(ids), dtype=torch.long)
+
+    def draw(step: int, g: torch.Generator) -> torch.Tensor:
+        idx = draw_prompts(weights, prompts_per_step, g)
+        draws[idx] += 1
+        return idx
+
+    cfg = GRPOConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size,
+                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, lr=lr,
+                     beta=beta, clip_eps=clip_eps, inner_updates=inner_updates, adv_scale=adv_scale, seed=seed,
+                     bf16=dtype == "bf16")
+    ess = effective_sample_size(weights)
+    print(f"grpo ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%})")
+    result = grpo_train(policy, ref, ids, draw,
+                        lambda batch, s: score_samples(rm, batch, s, tok.bos_id, standardise=True), cfg, dev,
+                        tok.assistant_end_id, tok.bos_id, extra_stats=lambda idx: {"weight_ess": ess},
+                        name=f"grpo_{sampling}")
+    log = pd.DataFrame(result.log)
+    groups = df["group"].tolist()
+    shares_w = group_shares(weights, groups)
+    shares_d = group_shares(draws.double() / draws.sum(), groups)
+    k = max(1, len(log) // 5)
+    m = {"sampling": sampling, "steps": len(log), "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
+         "reward_end": round(float(log["reward_mean"][-k:].mean()), 4), "kl_end": round(float(log["kl"][-k:].mean()), 5),
+         "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
+         "weight_ess": round(ess, 1), "weight_ess_frac": round(ess / len(ids), 4),
+         "group_share_entropy": round(share_entropy(shares_w), 4),
+         "drawn_group_share_entropy": round(share_entropy(shares_d), 4),
+         "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
+         "seconds": round(result.seconds, 1)}
+    save_model(out_dir, policy.state_dict(), policy.config,
+               {"tokenizer": tok.digest, "init": str(sft_dir), "sampling": sampling, "steps": len(log),
+                "beta": beta})
+    write_text(out_dir / "log.csv", log.drop(columns=["tokens_per_s", "sample_frac_time"]).to_csv(
+        index=False, float_format="%.6g"))
+    write_parquet(out_dir / "weights.parquet", pd.DataFrame(
+        {"prompt_id": df["prompt_id"], "group": df["group"], "weight": weights.numpy(), "draws": draws.numpy()}))
+    write_json(metrics, m)
+    print(f"grpo ({sampling}): reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in {m['steps']} steps, "
+          f"{m['completion_tokens_per_s']:.0f} completion tok/s")
+
+
+if __name__ == "__main__":
+    typer.run(main)
