@@ -110,7 +110,7 @@ def test_sequence_logprobs_match_sampling(top_k, top_p):
     s = generate(model, PROMPTS, num_samples=3, max_new_tokens=9, stop_id=11, generator=gen(1), **kw)
     lp = sequence_logprobs(model, PROMPTS, s.tokens, mask=s.mask, **kw)
     torch.testing.assert_close(lp, s.logprobs, atol=1e-4, rtol=1e-4)
-    # explicit prompt_index and a tensor prompt give the same; gradients flow
+    # an explicit prompt_index gives the same; gradients flow
     same = sequence_logprobs(model, PROMPTS, s.tokens, prompt_index=s.prompt_index, mask=s.mask, **kw)
     torch.testing.assert_close(same, lp)
     (lp * s.mask).sum().backward()
@@ -164,6 +164,10 @@ def test_edge_cases():
         generate(model, [[1, 64]], num_samples=1, max_new_tokens=2)
     with pytest.raises(ValueError, match="pass prompt_index"):
         sequence_logprobs(model, PROMPTS, torch.zeros(4, 2, dtype=torch.long))
+    # equal-length prompts may come as one LongTensor
+    s = generate(model, [[1, 2, 3], [4, 5, 6]], num_samples=2, max_new_tokens=4, generator=gen(0))
+    torch.testing.assert_close(sequence_logprobs(model, torch.tensor([[1, 2, 3], [4, 5, 6]]), s.tokens), s.logprobs,
+                               atol=1e-4, rtol=1e-4)
     # a completion the current top-k would truncate keeps a finite log-prob (no -inf in a GRPO ratio)
     lp = sequence_logprobs(model, [[1, 2]], torch.tensor([[int(model(torch.tensor([[1, 2]]))[0, -1].argmin())]]),
                            temperature=1.0, top_k=1)
