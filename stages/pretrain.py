@@ -37,7 +37,7 @@ def main(
     scratch_dir: Path = typer.Option(Path("scratch/pretrain"), help="resume state (not a DVC out)"),
     seed: int = typer.Option(1337, help="seed of init and data order"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    bf16: bool = typer.Option(False, help="bf16 autocast (on by default on CUDA via params)"),
+    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast; use on GPU or CPUs with bf16 units)"),
     nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
     out_dir: Path = typer.Option(Path("outs/pretrain"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/pretrain.json"), help="metrics JSON"),
@@ -55,7 +55,7 @@ def main(
     model = GPT(config).to(d.device)
     cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
                       final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=bf16, monitor="val_bpb")
+                      min_delta=min_delta, save_every=save_every, bf16=dtype == "bf16", monitor="val_bpb")
     sampler = data.StepSampler(len(train_win), batch_size, micro_batch, seed, "pretrain")
     if d.is_main:
         print(f"pretrain: {model.num_params() / 1e6:.2f}M params, {len(train_win)} train windows of {seq_len}, "
