@@ -31,11 +31,14 @@ def make_pipeline_repo(dest: Path, overrides: dict) -> Path:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dest / f)
     set_params(dest, overrides)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=dest, check=True)
-    subprocess.run(git + ["commit", "-qm", "init"], cwd=dest, check=True)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "init")
     return dest
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True)
 
 
 def dvc(repo: Path, *args: str) -> str:

@@ -110,7 +110,7 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
         if row["reward_mean"] >= cfg.reward_threshold:
             stop_reason = "reward_threshold"
             break
-        if cfg.patience:
+        if cfg.patience and len(log) >= cfg.patience:  # judge a full moving-average window only
             avg = sum(r["reward_mean"] for r in log[-cfg.patience:]) / min(len(log), cfg.patience)
             if avg > best_avg + cfg.min_delta:
                 best_avg, bad_steps = avg, 0

@@ -1,0 +1,310 @@
+"""Preference reward model: the SFT trunk + a scalar head on the final hidden state of the last real token of
+the chat-rendered prompt+response, trained with the Bradley-Terry loss -logsigmoid(r_chosen - r_rejected).
+
+A scored sequence is exactly what the policy emits: tok.render_prompt(messages) (ending in <|assistant_start|>)
++ the response tokens + <|assistant_end|>, so GRPO scores its sampled ids as they are, and text is rendered
+into the same ids. Training batches fit the shared loop's contract: x holds the chosen rows then the rejected
+rows, right-padded with -1 (the pad mask travels inside x); y has one target (1) per pair."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.common import read_json, torch_load
+from speedrun.model import GPT, GPTConfig
+from speedrun.tokenizer import Tokenizer
+from speedrun.train.data import StepSampler
+
+MIN_RESPONSE_TOKENS = 16  # a pair whose prompt leaves less room than this is skipped, not scored on a stub
+REQUIRED_COLUMNS = ("id", "prompt_id", "split", "src", "prompt", "chosen", "rejected")
+
+
+class RewardModel(nn.Module):
+    """GPT trunk (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std` standardise rewards."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.trunk = GPT(config)
+        self.trunk.lm_head = None  # the reward reads hidden states, never vocabulary logits
+        self.head = nn.Linear(config.n_embd, 1, bias=False)  # a bias cancels in r_chosen - r_rejected
+        nn.init.zeros_(self.head.weight)  # every reward starts at 0: loss log 2, no random preference
+        self.reward_mean, self.reward_std, self.max_len = 0.0, 1.0, config.seq_len
+
+    @classmethod
+    def from_gpt(cls, gpt: GPT) -> RewardModel:
+        rm = cls(gpt.config)
+        state = {k: v for k, v in gpt.state_dict().items() if not k.startswith("lm_head.")}
+        rm.trunk.load_state_dict(state)
+        return rm.to(next(gpt.parameters()).device)
+
+    @classmethod
+    def load(cls, rm_dir: Path, device: str = "cpu", tokenizer_digest: str | None = None) -> RewardModel:
+        """outs/rm/ (model.pt + meta.json) on device, in eval mode, with the reward stats of its val responses."""
+        meta = read_json(Path(rm_dir) / "meta.json")
+        if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
+            raise ValueError(f"{rm_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
+        rm = cls(GPTConfig(**meta["config"]))
+        rm.load_state_dict(torch_load(Path(rm_dir) / "model.pt"))
+        rm.reward_mean, rm.reward_std = float(meta["reward_mean"]), float(meta["reward_std"])
+        rm.max_len = int(meta.get("max_len", rm.config.seq_len))
+        return rm.to(device).eval()
+
+    def forward(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """Raw reward [B] (fp32) of the last real token of each row; rows may be right- or left-padded
+        (key_mask False on pads). Training calls the module itself so that DDP sees the forward."""
+        h = self.trunk.hidden(ids, key_mask=key_mask)
+        T = ids.size(1)
+        if key_mask is None:
+            last = torch.full((ids.size(0),), T - 1, device=ids.device)
+        else:
+            last = (key_mask.long() * torch.arange(1, T + 1, device=ids.device)).argmax(1)  # highest real index
+        return self.head(h[torch.arange(ids.size(0), device=ids.device), last]).squeeze(-1).float()
+
+    def score(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        return self(ids, key_mask)
+
+    def standardise(self, rewards: Tensor) -> Tensor:
+        return (rewards - self.reward_mean) / max(self.reward_std, 1e-6)  # a constant RM has std 0
+
+
+def freeze(rm: RewardModel, train_last_blocks: int) -> None:
+    """Train the head and the last K blocks (K >= depth: the whole trunk, embedding included)."""
+    depth = rm.config.depth
+    for p in rm.trunk.parameters():
+        p.requires_grad_(train_last_blocks >= depth)
+    for block in rm.trunk.blocks[depth - min(train_last_blocks, depth):]:
+        block.requires_grad_(True)
+    rm.head.requires_grad_(True)
+
+
+# ---- rendering and batches ----
+
+def fit(prompt_ids: list[int], response_ids: list[int], max_len: int) -> tuple[list[int], bool]:
+    """(prompt + response in at most max_len tokens, whether it was cut). A long response is cut short but keeps
+    its last token (<|assistant_end|>), where the score is read; a prompt that leaves no room is kept whole."""
+    room = max_len - len(prompt_ids)
+    if len(response_ids) <= room or room < 2:
+        return prompt_ids + response_ids, False
+    return prompt_ids + response_ids[:room - 1] + response_ids[-1:], True
+
+
+def load_pairs(path: Path) -> pd.DataFrame:
+    """data/prompts/pairs.parquet (pairs with prompt_id and the train/eval split of dedup_prompts)."""
+    df = pd.read_parquet(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
+                         "the RM reads the pairs of dedup_prompts (data/prompts/pairs.parquet)")
+    bad = ~df["split"].isin(["train", "eval"])
+    if bad.any():
+        i = int(bad.to_numpy().nonzero()[0][0])
+        raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not 'train' or 'eval'")
+    straddle = set(df.loc[df["split"] == "train", "prompt_id"]) & set(df.loc[df["split"] == "eval", "prompt_id"])
+    if straddle:
+        raise ValueError(f"{path}: prompt_id {sorted(straddle)[0]} has both train and eval pairs")
+    return df
+
+
+def pair_kind(row: dict) -> str:
+    """The negative kind of embedded pairs (hard | random), else the source."""
+    neg = row.get("negative")
+    return row["src"] if neg is None or pd.isna(neg) else str(neg)
+
+
+def render_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> tuple[dict[str, list], dict[str, int], int]:
+    """(rendered chosen/rejected ids of every usable pair in file order, skip counts by reason, number of
+    responses cut to fit max_len)."""
+    out: dict[str, list] = {k: [] for k in ("id", "chosen", "rejected", "kind", "prompt", "prompt_len",
+                                            "chosen_text", "rejected_text")}
+    skipped, truncated = Counter(), 0
+    for row in df.to_dict("records"):
+        prompt = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
+        if not prompt or prompt[-1]["role"] != "user":
+            skipped["prompt_not_ending_in_user_turn"] += 1
+            continue
+        p = tok.render_prompt(prompt)
+        if max_len - len(p) < MIN_RESPONSE_TOKENS:
+            skipped["prompt_too_long"] += 1
+            continue
+        (c, cut_c), (r, cut_r) = (fit(p, tok.encode(row[k]) + [tok.assistant_end_id], max_len)
+                                  for k in ("chosen", "rejected"))
+        truncated += cut_c + cut_r
+        if c == r:
+            skipped["same_ids_after_truncation"] += 1
+            continue
+        row_out = {"id": row["id"], "chosen": c, "rejected": r, "kind": pair_kind(row), "prompt": prompt,
+                   "prompt_len": len(p), "chosen_text": row["chosen"], "rejected_text": row["rejected"]}
+        for k, v in row_out.items():
+            out[k].append(v)
+    assert len(out["id"]) + sum(skipped.values()) == len(df)
+    return out, dict(sorted(skipped.items())), truncated
+
+
+def split_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> dict[str, tuple[dict[str, list], dict, int]]:
+    """render_pairs of the 'train' and the 'eval' split: eval pairs (held-out prompts) are never trained on."""
+    return {split: render_pairs(df[df["split"] == split], tok, max_len) for split in ("train", "eval")}
+
+
+def pad_rows(rows: Sequence[list[int]], pad: int = 0, left: bool = False) -> tuple[Tensor, Tensor]:
+    """(ids [N, T], key_mask [N, T]) with pads (False in the mask) on the right, or on the left."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        sl = slice(T - len(r), T) if left else slice(0, len(r))
+        ids[i, sl] = torch.tensor(r, dtype=torch.long)
+        mask[i, sl] = True
+    return ids, mask
+
+
+def pair_batch(chosen: Sequence[list[int]], rejected: Sequence[list[int]]) -> tuple[Tensor, Tensor]:
+    """x [2B, T]: chosen rows then rejected rows, -1 on pads; y [B] of ones (one target per pair)."""
+    ids, mask = pad_rows(list(chosen) + list(rejected))
+    return ids.masked_fill(~mask, -1), torch.ones(len(chosen), dtype=torch.long)
+
+
+def bt_loss_sum(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """Bradley-Terry loss summed over the pairs of a pair_batch (the loop divides by the pair count)."""
+    r = model(x.clamp(min=0), x >= 0)
+    margin = r[:y.numel()] - r[y.numel():]
+    return -(F.logsigmoid(margin) * (y != -1)).sum()
+
+
+def by_length(ids: list[int], size: list[int], max_tokens: int) -> list[list[int]]:
+    """ids sorted by pair length, cut into groups of at most max_tokens padded tokens (2 rows a pair)."""
+    groups: list[list[int]] = []
+    for i in sorted(ids, key=lambda i: (size[i], i)):
+        if not groups or (len(groups[-1]) + 1) * 2 * size[i] > max_tokens:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def pair_batch_fn(pairs: dict[str, list], sampler: StepSampler, micro_tokens: int = 0):
+    """Batches of the loop. micro_tokens > 0: each micro-batch is re-cut by length (at most that many padded
+    tokens), which keeps the step's gradient (the loop sums micro-batches) and drops most of the padding."""
+    size = [max(len(c), len(r)) for c, r in zip(pairs["chosen"], pairs["rejected"])]
+
+    def batch_fn(step: int, rank: int, world: int) -> list[tuple[Tensor, Tensor]]:
+        groups = sampler.items(step, rank, world)
+        if micro_tokens:
+            groups = [g for ids in groups for g in by_length(ids, size, micro_tokens)]
+        return [pair_batch([pairs["chosen"][i] for i in ids], [pairs["rejected"][i] for i in ids])
+                for ids in groups]
+    return batch_fn
+
+
+# ---- scoring ----
+
+@torch.no_grad()
+def score_ids(rm: RewardModel, rows: Sequence[list[int]], batch_size: int = 64, device: str = "cpu") -> Tensor:
+    """Raw rewards [N] (CPU fp32) of rendered sequences, in input order; batched by length to pad little."""
+    order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))
+    out = torch.empty(len(rows))
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        ids, mask = pad_rows([rows[i] for i in idx])
+        out[idx] = rm(ids.to(device), mask.to(device)).cpu()
+    return out
+
+
+def score_conversations(rm: RewardModel, tok: Tokenizer, prompts: Sequence[list[dict] | list[int]],
+                        responses: Sequence[str | list[int]], batch_size: int = 64, device: str = "cpu",
+                        standardise: bool = False) -> Tensor:
+    """Rewards [N] of prompt i + response i. A prompt is a message list or its ids from tok.render_prompt;
+    a response is text (<|assistant_end|> gets appended) or completion ids, scored as given (GRPO passes
+    what it sampled, <|assistant_end|> included when the sample stopped)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    rows = []
+    for p, r in zip(prompts, responses):
+        p_ids = list(p) if not p or not isinstance(p[0], dict) else tok.render_prompt(list(p))
+        r_ids = tok.encode(r) + [tok.assistant_end_id] if isinstance(r, str) else list(r)
+        rows.append(fit(p_ids, r_ids, rm.max_len)[0])
+    rewards = score_ids(rm, rows, batch_size, device)
+    return rm.standardise(rewards) if standardise else rewards
+
+
+def correct(margin: Tensor) -> Tensor:
+    """Per pair 1 if the chosen response scores higher, 0.5 on a tie, else 0."""
+    return (margin > 0).float() + 0.5 * (margin == 0).float()
+
+
+def by_kind(kinds: Sequence[str], **columns: Tensor) -> dict[str, dict[str, float]]:
+    """Mean of each per-pair column over all pairs and per kind, plus the pair counts."""
+    groups = {"all": torch.ones(len(kinds), dtype=torch.bool)}
+    groups.update({k: torch.tensor([x == k for x in kinds]) for k in sorted(set(kinds))})
+    return {g: {"pairs": int(sel.sum()), **{c: round(float(v[sel].mean()), 4) for c, v in columns.items()}}
+            for g, sel in groups.items()}
+
+
+def pair_metrics(chosen: Tensor, rejected: Tensor, kinds: Sequence[str], prefix: str = "val") -> dict[str, float]:
+    """BT loss, accuracy (a tie counts half), mean margin, overall and per kind."""
+    margin = chosen - rejected
+    correct_ = correct(margin)
+    out = {f"{prefix}_loss": float(-F.logsigmoid(margin).mean()), f"{prefix}_acc": float(correct_.mean()),
+           f"{prefix}_margin": float(margin.mean())}
+    for kind in sorted(set(kinds)):
+        sel = torch.tensor([k == kind for k in kinds])
+        out[f"{prefix}_acc_{kind}"] = float(correct_[sel].mean())
+        out[f"{prefix}_margin_{kind}"] = float(margin[sel].mean())
+    return out
+
+
+def evaluate(rm: RewardModel, pairs: dict[str, list], batch_size: int = 64, device: str = "cpu"
+             ) -> tuple[dict[str, float], Tensor, Tensor]:
+    """(metrics, chosen rewards, rejected rewards) of rendered pairs."""
+    if not rm.head.weight.any():  # the untrained zero head scores everything 0: no forward pass needed
+        r = torch.zeros(2 * len(pairs["chosen"]))
+    else:
+        r = score_ids(rm, pairs["chosen"] + pairs["rejected"], batch_size, device)
+    rc, rr = r[:len(pairs["chosen"])], r[len(pairs["chosen"]):]
+    return pair_metrics(rc, rr, pairs["kind"]), rc, rr
+
+
+@torch.no_grad()
+def response_logprob(gpt: GPT, rows: Sequence[list[int]], prompt_lens: Sequence[int], batch_size: int = 32,
+                     device: str = "cpu") -> Tensor:
+    """Summed log-probability [N] of each row's response tokens (<|assistant_end|> included) given its prompt,
+    under a language model: log p(chosen) > log p(rejected) says whether the SFT model itself knows which
+    answer is right, the knowledge an RM built on its trunk can read out."""
+    out = torch.empty(len(rows))
+    for s in range(0, len(rows), batch_size):
+        ids, mask = pad_rows(rows[s:s + batch_size])
+        ids, mask = ids.to(device), mask.to(device)
+        logp = torch.log_softmax(gpt(ids, key_mask=mask)[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        pos = torch.arange(1, ids.size(1), device=device)[None]
+        lens = torch.tensor(prompt_lens[s:s + batch_size], device=device)[:, None]
+        out[s:s + batch_size] = (logp * ((pos >= lens) & mask[:, 1:])).sum(1).cpu()
+    return out
+
+
+# ---- the trivial baseline an RM must beat ----
+
+_BACKTICKS = re.compile(r"`([^`]+)`")
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")  # identifier parts: HTTPServer -> HTTP, Server
+
+
+def name_words(text: str) -> set[str]:
+    return {w.lower() for w in _WORDS.findall(text)}
+
+
+def overlap_baseline(prompts: Sequence[list[dict]], chosen: Sequence[str], rejected: Sequence[str]) -> list[float]:
+    """Per pair 1 / 0.5 / 0: does the chosen response share more words with the object name in the question
+    (the `backticked` part of the last user turn; the whole turn if none) than the rejected one?"""
+    out = []
+    for p, c, r in zip(prompts, chosen, rejected):
+        q = p[-1]["content"]
+        name = name_words(" ".join(_BACKTICKS.findall(q)) or q)
+        oc, orj = len(name & name_words(c)), len(name & name_words(r))
+        out.append(1.0 if oc > orj else 0.5 if oc == orj else 0.0)
+    return out

@@ -1,0 +1,95 @@
+"""Stage adv_eval: every cycle's discriminator and policy on held-out text -> adversarial.json + a report section.
+
+The cycles come from DVC's unpacking of `${adversarial.cycles}` into `--1.prev 0 --1.init outs/pretrain ...`
+(extra arguments after the flags), so the stage reads exactly the cycles of params.yaml, not stale dirs.
+"""
+from pathlib import Path
+
+import pandas as pd
+import torch
+import typer
+
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.adversarial import data as adv
+from speedrun.adversarial import evaluate as ev
+from speedrun.adversarial.reward import complete, disc_inputs, score
+from speedrun.common import pick_device, read_json, stable_seed, write_json
+from speedrun.eval.diversity import distinct_n
+from speedrun.reward.discriminator import load_discriminator
+from speedrun.train import data
+from speedrun.train.checkpoint import load_model
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def main(
+    ctx: typer.Context,
+    adv_dir: Path = typer.Option(Path("outs/adv"), help="cycle_<i>/disc and cycle_<i>/policy of every cycle"),
+    corpus_dir: Path = typer.Option(Path("data/corpus"), help="val.parquet: held-out prefixes and bpb text"),
+    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
+    seq_len: int = typer.Option(64, help="N: prefix + completion tokens"),
+    prompts: int = typer.Option(64, help="held-out prefixes (val split) completed by every policy"),
+    temperature: float = typer.Option(1.0, help="sampling temperature"),
+    bpb_seq_len: int = typer.Option(256, help="window length of the val bits-per-byte"),
+    bpb_windows: int = typer.Option(64, help="val windows of the bits-per-byte (the first ones, as pretrain)"),
+    bpb_bound: float = typer.Option(0.05, help="allowed val bpb increase per cycle (the KL anchor's job)"),
+    beta: float = typer.Option(0.04, help="the cycles' KL coefficient (reported only)"),
+    samples_shown: int = typer.Option(2, help="sample completions per policy in the markdown"),
+    seed: int = typer.Option(1337, help="seed of the prefixes and the sampling"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    metrics: Path = typer.Option(Path("reports/metrics/adversarial.json"), help="metrics JSON"),
+    out_md: Path = typer.Option(Path("reports/adversarial.md"), help="markdown section"),
+    fig_dir: Path = typer.Option(Path("reports/figures"), help="adv_*.png"),
+) -> None:
+    """Extra arguments: the cycles, --<cycle>.prev <int> --<cycle>.init <policy dir> per cycle."""
+    cycles = ev.parse_cycles(ctx.args)
+    if not cycles:
+        raise typer.BadParameter("no cycles given: pass --<cycle>.prev <int> --<cycle>.init <dir> per cycle")
+    device = pick_device(device)
+    tok = tokenizer_lib.load(tokenizer_dir)
+    val_texts = pd.read_parquet(corpus_dir / "val.parquet")["text"].tolist()
+    win = adv.corpus_windows(val_texts, tok, seq_len)
+    pool, idx = adv.prompt_pool(win, prompts, seed, "adv_eval")
+    starts = torch.tensor([len(p) - 1 for p in pool])
+    seqs = {ev.NATURAL: (win[idx, 1:], starts)}  # the true continuations
+    bpb_win = data.windows(data.pack_documents(val_texts, tok), bpb_seq_len)[:bpb_windows]
+    tbytes = data.token_bytes(tok)
+
+    policies, samples = {}, {}
+    for pid, pdir in ev.policy_dirs(cycles, adv_dir).items():
+        model, _ = load_model(pdir, device, tok.digest)
+        comp = complete(model, pool, seq_len, stable_seed(seed, "adv_eval", "sample"), temperature, pad_id=tok.bos_id)
+        s, st = disc_inputs(pool, comp, seq_len)  # the same prefixes and random numbers for every policy
+        seqs[pid] = (s, st)
+        texts = [tok.decode(s[r, st[r]:].tolist()) for r in range(len(s))]
+        policies[pid] = {"dir": str(pdir), "val_bpb": round(data.bits_per_byte(model, bpb_win, tbytes, 16, device), 5),
+                         "distinct_1": round(distinct_n(texts, 1), 5), "distinct_2": round(distinct_n(texts, 2), 5)}
+        samples[f"policy {pid}"] = [tok.decode(s[r, :st[r]].tolist()) + " ⟶ " + texts[r]
+                                    for r in range(samples_shown)]
+        print(f"adv_eval: policy {pid} ({pdir}): val bpb {policies[pid]['val_bpb']:.4f}, "
+              f"distinct-2 {policies[pid]['distinct_2']:.3f}")
+    samples[ev.NATURAL] = [tok.decode(seqs[ev.NATURAL][0][r, :starts[r]].tolist()) + " ⟶ "
+                           + tok.decode(seqs[ev.NATURAL][0][r, starts[r]:].tolist()) for r in range(samples_shown)]
+
+    crossplay, disc_metrics, grpo_metrics, logs = {}, {}, {}, {}
+    for key in cycles:
+        disc, _ = load_discriminator(adv_dir / f"cycle_{key}" / "disc", device, tok.digest)
+        crossplay[key] = {pid: round(float(score(disc, s, st, "prob").mean()), 5)
+                          for pid, (s, st) in [*((p, seqs[p]) for p in policies), (ev.NATURAL, seqs[ev.NATURAL])]}
+        disc_metrics[key] = read_json(adv_dir / f"cycle_{key}" / "disc" / "metrics.json")
+        grpo_metrics[key] = read_json(adv_dir / f"cycle_{key}" / "policy" / "metrics.json")
+        logs[key] = pd.read_csv(adv_dir / f"cycle_{key}" / "policy" / "log.csv")
+    result = {"setup": {"seq_len": seq_len, "prompts": prompts, "temperature": temperature, "beta": beta,
+                        "bpb_seq_len": bpb_seq_len, "bpb_windows": len(bpb_win), "seed": seed},
+              "bpb_bound": bpb_bound, "policies": policies, "crossplay": crossplay,
+              "cycles": ev.cycle_rows(cycles, disc_metrics, grpo_metrics, crossplay, policies, bpb_bound)}
+    write_json(metrics, result)
+    ev.write_section(result, samples, logs, out_md, fig_dir)
+    for key, c in result["cycles"].items():
+        print(f"adv_eval: cycle {key}: disc AUC {c['disc']['auc_pure']}, held-out reward {c['reward_before']:.3f} -> "
+              f"{c['reward_after']:.3f}, val bpb {c['val_bpb_before']:.4f} -> {c['val_bpb_after']:.4f}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,227 @@
+"""Preference reward model: last-token scoring under padding, Bradley-Terry learning, frozen trunk, the
+train_rm stage end to end, and the held-out eval prompts kept out of training."""
+import json
+import shutil
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import run_module
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import write_parquet, write_table
+from speedrun.data import pairs as pairs_lib
+from speedrun.data import pairs_embedded, prompts
+from speedrun.data.docstrings import collect, stdlib_dir
+from speedrun.model import GPT, GPTConfig
+from speedrun.reward import preference as pref
+from speedrun.train.checkpoint import save_model
+from speedrun.train.data import StepSampler
+from speedrun.train.distributed import Dist
+from speedrun.train.loop import TrainConfig, train
+
+torch.set_num_threads(1)
+TINY = GPTConfig(vocab_size=32, depth=2, n_embd=32, head_dim=16, seq_len=32)
+
+
+def tiny_rm(seed: int = 0, config: GPTConfig = TINY) -> pref.RewardModel:
+    """Random blocks (not the identity of the zero-initialised out-projections) and a random head."""
+    torch.manual_seed(seed)
+    rm = pref.RewardModel(config)
+    for block in rm.trunk.blocks:  # zero-initialised out-projections would make every block the identity
+        torch.nn.init.normal_(block.attn.c_proj.weight, std=0.1)
+        torch.nn.init.normal_(block.mlp.c_proj.weight, std=0.1)
+    torch.nn.init.normal_(rm.head.weight)
+    return rm.eval()
+
+
+def test_score_reads_last_real_token_right_and_left_padded():
+    rm = tiny_rm()
+    rows = [[1, 5, 7, 9, 2], [1, 3], [1, 4, 4, 8, 8, 8, 6, 2, 11]]
+    alone = torch.cat([rm.score(torch.tensor([r])) for r in rows])
+    for left in (False, True):
+        ids, mask = pref.pad_rows(rows, pad=0, left=left)
+        assert torch.allclose(rm.score(ids, mask), alone, atol=1e-5)
+        ids2 = ids.masked_fill(~mask, 17)  # what the pads hold must not matter
+        assert torch.allclose(rm.score(ids2, mask), alone, atol=1e-5)
+    # the head reads the final hidden state of the last token, not of any other position
+    h = rm.trunk.hidden(torch.tensor([rows[0]]))
+    assert torch.allclose(alone[0], rm.head(h[0, -1]).squeeze(), atol=1e-6)
+    assert not torch.allclose(alone[0], rm.head(h[0, -2]).squeeze(), atol=1e-3)
+    assert all(torch.equal(pref.score_ids(rm, rows, batch_size=bs), pref.score_ids(rm, rows, batch_size=bs))
+               for bs in (1, 2))
+    assert torch.allclose(pref.score_ids(rm, rows, batch_size=2), alone, atol=1e-5)
+
+
+def toy_pairs(n: int, seed: int) -> dict[str, list]:
+    """Separable: the chosen response contains token 30 somewhere, the rejected one token 31 instead;
+    lengths and the other tokens are random."""
+    g = torch.Generator().manual_seed(seed)
+    out = {"chosen": [], "rejected": [], "kind": []}
+    for i in range(n):
+        body = torch.randint(2, 28, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        at = int(torch.randint(0, len(body), (1,), generator=g))
+        out["chosen"].append([1] + body[:at] + [30] + body[at:] + [29])
+        out["rejected"].append([1] + body[:at] + [31] + body[at:] + [29])
+        out["kind"].append("hard" if i % 2 else "random")
+    return out
+
+
+def fit_toy(rm: pref.RewardModel, steps: int, lr: float = 3e-3):
+    data, val = toy_pairs(256, 0), toy_pairs(64, 1)
+    sampler = StepSampler(len(data["chosen"]), 16, 0, seed=0, salt="toy")
+    cfg = TrainConfig(steps=steps, lr=lr, warmup_steps=2, eval_every=steps)
+    return train(rm, cfg, pref.pair_batch_fn(data, sampler), lambda m: pref.evaluate(m, val)[0],
+                 Dist(0, 1, "cpu"), loss_fn=pref.bt_loss_sum, log_every=10**9)
+
+
+def test_bt_loss_learns_a_separable_toy_problem():
+    rm = pref.RewardModel(TINY)  # the real init: zero head, every reward 0 at the start
+    pref.freeze(rm, TINY.depth)
+    result = fit_toy(rm, 60)
+    before, after = result.evals[0], result.evals[-1]
+    assert before["val_loss"] == pytest.approx(0.6931, abs=1e-3) and before["val_acc"] == 0.5
+    first, last = result.log[0]["loss"], sum(r["loss"] for r in result.log[-5:]) / 5
+    assert last < 0.2 * first, (first, last)
+    assert after["val_acc"] >= 0.97 and after["val_margin"] > 2.0, after
+    assert {"val_acc_hard", "val_acc_random", "val_margin_hard"} <= set(after)
+
+
+def test_length_micro_batches_keep_the_step_gradient():
+    rm, data = tiny_rm(2), toy_pairs(24, 3)
+    sampler = StepSampler(24, 12, 0, seed=0, salt="toy")
+
+    def grads(micro_tokens):
+        rm.zero_grad()
+        micro = pref.pair_batch_fn(data, sampler, micro_tokens)(1, 0, 1)
+        for x, y in micro:
+            pref.bt_loss_sum(rm, x, y).backward()
+        return len(micro), [p.grad.clone() for p in rm.parameters()]
+
+    (n1, g1), (n2, g2) = grads(0), grads(64)
+    assert n1 == 1 and n2 > 2
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
+
+
+def test_train_last_blocks_freezes_the_rest_of_the_trunk():
+    for k, changed in ((0, set()), (1, {"trunk.blocks.1."})):
+        rm = tiny_rm(1)
+        pref.freeze(rm, k)
+        before = {n: p.detach().clone() for n, p in rm.state_dict().items()}
+        fit_toy(rm, 3, lr=1e-2)
+        after = rm.state_dict()
+        assert not torch.equal(before["head.weight"], after["head.weight"])
+        for name, w in before.items():
+            if name.startswith("trunk."):
+                trained = any(name.startswith(c) for c in changed)
+                assert torch.equal(w, after[name]) == (not trained), (k, name)
+    assert "trunk.lm_head.weight" not in after  # the RM has no vocabulary head at all
+
+
+def test_response_logprob_sums_response_tokens_only():
+    torch.manual_seed(0)
+    gpt = GPT(TINY)
+    rows, plens = [[1, 5, 7, 9, 2], [1, 3, 4]], [3, 2]
+    got = pref.response_logprob(gpt, rows, plens)
+    for row, p, g in zip(rows, plens, got):
+        logp = torch.log_softmax(gpt(torch.tensor([row]))[0], -1)
+        assert torch.allclose(g, sum(logp[t - 1, row[t]] for t in range(p, len(row))), atol=1e-5)
+
+
+def test_overlap_baseline():
+    p = [[{"role": "user", "content": "What does `json.JSONDecoder` do?"}]]
+    assert pref.name_words("HTTPServer json_dumps") == {"http", "server", "json", "dumps"}
+    assert pref.overlap_baseline(p * 3, ["Simple JSON decoder.", "x", "a"], ["A decoder.", "y", "JSON"]) == \
+        [1.0, 0.5, 0.0]
+
+
+# ---- pairs from the real embedded source, a real checkpoint, the real stage ----
+
+@pytest.fixture(scope="module")
+def rm_inputs(tiny_corpus, tmp_path_factory):
+    """pairs.parquet of a few real stdlib modules through the real pairs + dedup code, and an init checkpoint."""
+    root = tmp_path_factory.mktemp("rm")
+    lib = root / "stdlib"  # a copy of a few modules: collect() over the whole stdlib takes too long
+    for name in ("json", "csv.py", "abc.py", "datetime.py", "pathlib.py", "random.py"):
+        src = stdlib_dir() / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, lib / name)
+    objs, _ = collect(lib)
+    pairs_lib.build({"embedded": pairs_embedded.source(0.5, 0.1, objs)}, root / "raw.parquet")
+    _, with_split, _, _ = prompts.build(pq.read_table(root / "raw.parquet"), 0.3, 0.8)
+    write_table(root / "pairs.parquet", with_split)
+    tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
+    config = GPTConfig(vocab_size=tok.vocab_size, depth=2, n_embd=32, head_dim=16, seq_len=64)
+    trunk = tiny_rm(0, config).trunk.state_dict()  # random blocks: a stand-in for an SFT checkpoint
+    lm_head = {"lm_head.weight": 0.01 * torch.randn(tok.vocab_size, 32)}
+    save_model(root / "sft", trunk | lm_head, config, {"tokenizer": tok.digest, "step": 0})
+    return root, tok
+
+
+def rm_args(tiny_corpus, root, out, *extra):
+    return ["--pairs", str(root / "pairs.parquet"), "--init-dir", str(root / "sft"), "--tokenizer-dir",
+            str(tiny_corpus / "tokenizer"), "--max-len", "96", "--steps", "6", "--batch-size", "8",
+            "--warmup-steps", "2", "--eval-every", "3", "--eval-pairs", "24", "--train-last-blocks", "1",
+            "--lr", "0.01", "--scratch-dir", str(out / "scratch"), "--out-dir", str(out / "rm"),
+            "--metrics", str(out / "rm.json"), *extra]
+
+
+def test_eval_split_pairs_never_reach_training_batches(rm_inputs):
+    root, tok = rm_inputs
+    df = pref.load_pairs(root / "pairs.parquet")
+    split = pref.split_pairs(df, tok, 96)
+    train_pairs, val = split["train"][0], split["eval"][0]
+    assert len(val["id"]) >= 10 and len(train_pairs["id"]) >= 50
+    eval_rows = {tuple(r) for r in val["chosen"] + val["rejected"]}
+    train_rows = {tuple(r) for r in train_pairs["chosen"] + train_pairs["rejected"]}
+    sampler = StepSampler(len(train_pairs["id"]), 8, 3, seed=0, salt="rm")
+    batch_fn = pref.pair_batch_fn(train_pairs, sampler, micro_tokens=256)  # the stage re-cuts by length
+    seen = set()
+    for step in range(len(train_pairs["id"]) // 8 + 2):  # more than an epoch
+        for x, y in batch_fn(step, 0, 1):
+            assert x.size(0) == 2 * y.numel()
+            for row in x.tolist():
+                seen.add(tuple(t for t in row if t >= 0))
+    assert seen == train_rows and not seen & eval_rows
+    assert set(df.loc[df["split"] == "eval", "prompt"].map(lambda p: p[0]["content"])).isdisjoint(
+        {p[0]["content"] for p in train_pairs["prompt"]})
+    bad = df.copy()
+    bad.loc[bad.index[0], "prompt_id"] = bad.loc[bad["split"] == "eval", "prompt_id"].iloc[0]
+    bad.loc[bad.index[0], "split"] = "train"
+    write_parquet(root / "bad.parquet", bad)
+    with pytest.raises(ValueError, match="both train and eval"):
+        pref.load_pairs(root / "bad.parquet")
+
+
+def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_path):
+    root, tok = rm_inputs
+    out = run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "a"))
+    assert "rm: val acc" in out
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "b"))
+    for f in ("model.pt", "meta.json", "log.csv", "eval.csv"):  # a rerun is byte-identical
+        assert (tmp_path / "a/rm" / f).read_bytes() == (tmp_path / "b/rm" / f).read_bytes(), f
+
+    state = torch.load(tmp_path / "a/rm/model.pt", weights_only=True)
+    assert "head.weight" in state and not any(k.startswith("trunk.lm_head") for k in state)
+    meta = json.loads((tmp_path / "a/rm/meta.json").read_text())
+    m = json.loads((tmp_path / "a/rm.json").read_text())
+    assert meta["tokenizer"] == tok.digest and meta["reward_std"] > 0 and m["val_pairs"] == 24 and m["best_step"] > 0
+    assert set(m["by_kind"]) == {"all", "hard", "random"} and 0 <= m["by_kind"]["hard"]["baseline_acc"] <= 1
+    assert m["by_kind"]["all"]["pairs"] == 24 and 0 <= m["sft_logprob_acc"] <= 1
+    evals = pd.read_csv(tmp_path / "a/rm/eval.csv")
+    assert list(evals["step"]) == [0, 3, 6] and {"val_acc", "val_margin", "val_loss"} <= set(evals.columns)
+
+    rm = pref.RewardModel.load(tmp_path / "a/rm", "cpu", tok.digest)
+    assert (rm.reward_mean, rm.reward_std) == (meta["reward_mean"], meta["reward_std"])
+    df = pd.read_parquet(root / "pairs.parquet")
+    ev = df[df["split"] == "eval"].head(5)
+    msgs = [[dict(m) for m in p] for p in ev["prompt"]]
+    texts = list(ev["chosen"])
+    by_text = pref.score_conversations(rm, tok, msgs, texts, batch_size=2)
+    # GRPO's way: prompt ids + sampled completion ids (<|assistant_end|> included), no re-encoding
+    ids = pref.score_conversations(rm, tok, [tok.render_prompt(p) for p in msgs],
+                                   [tok.encode(t) + [tok.assistant_end_id] for t in texts], batch_size=3)
+    assert torch.allclose(by_text, ids, atol=1e-5)
+    std = pref.score_conversations(rm, tok, msgs, texts, batch_size=2, standardise=True)
+    assert torch.allclose(std, (by_text - rm.reward_mean) / rm.reward_std)
+    assert abs(float(by_text[0]) - float(m["reward_mean"])) < 10 * m["reward_std"]
