@@ -28,6 +28,8 @@ def main(
     steps: int = typer.Option(200, help="optimizer steps (at most)"),
     batch_size: int = typer.Option(32, help="conversations per optimizer step, all processes together"),
     micro_batch: int = typer.Option(0, help="conversations per forward per process (0 = the whole share)"),
+    micro_tokens: int = typer.Option(2048, help="re-cut micro-batches by length to at most this many padded "
+                                               "tokens (same gradient, less padding; 0 = off)"),
     lr: float = typer.Option(1e-3, help="peak AdamW learning rate"),
     weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
     warmup_steps: int = typer.Option(10, help="linear warmup steps"),
@@ -71,7 +73,7 @@ def main(
     if d.is_main:
         print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "
               f"(skipped {skipped}), {d.world} process(es) on {d.device}")
-    result = train(model, cfg, data.sft_batch_fn(rendered["train"], sampler, max_len, tok.bos_id),
+    result = train(model, cfg, data.sft_batch_fn(rendered["train"], sampler, max_len, tok.bos_id, micro_tokens),
                    lambda m: {"val_loss": data.masked_loss(m, val, max_len, tok.bos_id, 32, d.device)}, d,
                    scratch=scratch_dir, fingerprint=f"sft|{tok.digest}|{meta}|{source}|{seed}|{batch_size}",
                    name="sft")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_module
-from speedrun.train.data import StepSampler, pad_conversations
+from speedrun.train.data import StepSampler, pad_conversations, sft_batch_fn
 
 
 def pretrain_args(root, out, *extra):
@@ -30,6 +30,28 @@ def test_pad_conversations_targets_only_assistant_tokens():
     x, y = pad_conversations([([1, 2, 3, 4], [0, 0, 1, 1]), ([5, 6], [0, 1])], 16, pad_id=0)
     assert x.tolist() == [[1, 2, 3], [5, 0, 0]]
     assert y.tolist() == [[-1, 3, 4], [6, -1, -1]]
+
+
+def test_length_recut_sft_batches_keep_the_step_gradient():
+    g = torch.Generator().manual_seed(0)
+    rendered = [(torch.randint(1, 50, (n,), generator=g).tolist(), [0] * 3 + [1] * (n - 3))
+                for n in torch.randint(5, 40, (24,), generator=g).tolist()]
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+
+    def grad(micro_tokens):
+        model.zero_grad()
+        micro = sft_batch_fn(rendered, StepSampler(24, 12, 0, seed=0, salt="t"), 32, 0, micro_tokens)(3, 0, 1)
+        n = sum(int((y != -1).sum()) for _, y in micro)
+        for x, y in micro:  # the loop's normalisation: summed token losses over the step's target count
+            (torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-1,
+                                               reduction="sum") / n).backward()
+        return micro, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    (whole, g0), (recut, g1) = grad(0), grad(64)
+    assert len(whole) == 1 and len(recut) > 1
+    assert all(x.numel() <= 64 or len(x) == 1 for x, _ in recut)
+    assert sum(x.numel() for x, _ in recut) < whole[0][0].numel()  # less padding
+    assert torch.allclose(g0, g1, atol=1e-6)
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path):

@@ -21,7 +21,7 @@ from torch import Tensor
 from speedrun.common import read_json, torch_load
 from speedrun.model import GPT, GPTConfig
 from speedrun.tokenizer import Tokenizer
-from speedrun.train.data import StepSampler
+from speedrun.train.data import StepSampler, by_length
 
 MIN_RESPONSE_TOKENS = 16  # a pair whose prompt leaves less room than this is skipped, not scored on a stub
 REQUIRED_COLUMNS = ("id", "prompt_id", "split", "src", "prompt", "chosen", "rejected")
@@ -179,16 +179,6 @@ def bt_loss_sum(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return -(F.logsigmoid(margin) * (y != -1)).sum()
 
 
-def by_length(ids: list[int], size: list[int], max_tokens: int) -> list[list[int]]:
-    """ids sorted by pair length, cut into groups of at most max_tokens padded tokens (2 rows a pair)."""
-    groups: list[list[int]] = []
-    for i in sorted(ids, key=lambda i: (size[i], i)):
-        if not groups or (len(groups[-1]) + 1) * 2 * size[i] > max_tokens:
-            groups.append([])
-        groups[-1].append(i)
-    return groups
-
-
 def pair_batch_fn(pairs: dict[str, list], sampler: StepSampler, micro_tokens: int = 0):
     """Batches of the loop. micro_tokens > 0: each micro-batch is re-cut by length (at most that many padded
     tokens), which keeps the step's gradient (the loop sums micro-batches) and drops most of the padding."""
@@ -197,7 +187,7 @@ def pair_batch_fn(pairs: dict[str, list], sampler: StepSampler, micro_tokens: in
     def batch_fn(step: int, rank: int, world: int) -> list[tuple[Tensor, Tensor]]:
         groups = sampler.items(step, rank, world)
         if micro_tokens:
-            groups = [g for ids in groups for g in by_length(ids, size, micro_tokens)]
+            groups = [g for ids in groups for g in by_length(ids, size, micro_tokens, rows_per_item=2)]
         return [pair_batch([pairs["chosen"][i] for i in ids], [pairs["rejected"][i] for i in ids])
                 for ids in groups]
     return batch_fn

@@ -78,10 +78,28 @@ def pad_conversations(rendered: list[tuple[list[int], list[int]]], max_len: int,
     return x, y
 
 
-def sft_batch_fn(rendered: list[tuple[list[int], list[int]]], sampler: StepSampler, max_len: int, pad_id: int):
+def by_length(ids: list[int], size: list[int], max_tokens: int, rows_per_item: int = 1) -> list[list[int]]:
+    """ids sorted by length, cut into groups of at most max_tokens padded tokens. The loop normalises by
+    the step's target count, so re-cutting a step's micro-batches this way keeps its gradient and drops
+    most of the padding."""
+    groups: list[list[int]] = []
+    for i in sorted(ids, key=lambda i: (size[i], i)):
+        if not groups or (len(groups[-1]) + 1) * rows_per_item * size[i] > max_tokens:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def sft_batch_fn(rendered: list[tuple[list[int], list[int]]], sampler: StepSampler, max_len: int, pad_id: int,
+                 micro_tokens: int = 0):
+    """Micro-batches of conversations; micro_tokens > 0 re-cuts each by length (see by_length)."""
+    size = [min(len(ids) - 1, max_len) for ids, _ in rendered]
+
     def batch_fn(step: int, rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [pad_conversations([rendered[i] for i in ids], max_len, pad_id)
-                for ids in sampler.items(step, rank, world)]
+        groups = sampler.items(step, rank, world)
+        if micro_tokens:
+            groups = [g for ids in groups for g in by_length(ids, size, micro_tokens)]
+        return [pad_conversations([rendered[i] for i in ids], max_len, pad_id) for ids in groups]
     return batch_fn
 
 
