@@ -7,7 +7,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, stable_seed, write_json, write_parquet
+from speedrun.common import pick_device, read_json, stable_seed, write_json, write_parquet
 from speedrun.engine import generate
 from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.report import write_report
@@ -18,6 +18,16 @@ from speedrun.rl.rewards import score_samples
 from speedrun.train.checkpoint import load_model
 
 MODELS = {"sft": "outs/sft", "grpo_density": "outs/grpo_density", "grpo_baseline": "outs/grpo_baseline"}
+
+
+def rm_summary(rm_dir: Path) -> str:
+    """The RM's held-out accuracy, flagged when it is near chance: then GRPO had no signal to follow."""
+    val = read_json(rm_dir / "meta.json")["val"]
+    line = f"val pairwise accuracy {val['val_acc']:.3f} on held-out pairs (word-overlap baseline {val['baseline_acc']:.3f})"
+    if val["val_acc"] < 0.55:
+        line += (" — **near chance: the rewards carry (almost) no signal, GRPO's advantages are ~0, and any "
+                 "density − baseline difference below is sampling noise, not an effect of the sampler**")
+    return line
 
 
 def main(
@@ -75,7 +85,7 @@ def main(
         weights[variant] = group_shares(torch.tensor(w["weight"].to_numpy()), w["group"].tolist())
     setup = {"models": MODELS, "eval prompts": len(df), "seeds": seeds, "samples per prompt": samples_per_prompt,
              "sampler": f"temperature {temperature}, top-p {top_p}, max {max_new_tokens} new tokens",
-             "bootstrap draws": n_boot}
+             "bootstrap draws": n_boot, "reward model": rm_summary(rm_dir)}
     extra = [f"## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
     write_report(result, samples, logs, weights, report, fig_dir, setup, extra_sections=extra)
     d = result["delta"]

@@ -70,4 +70,5 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     assert not stages & {"corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "train_rm"}
     diff = dvc(repo, "exp", "diff", "HEAD", "beta-0.1")
     assert "beta" in diff and "reports/metrics/grpo_" in diff  # (micro diversity metrics may not move)
+    assert "reports/metrics/grpo_" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")
 
