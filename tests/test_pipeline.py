@@ -72,3 +72,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     assert "beta" in diff and "reports/metrics/grpo_" in diff  # (micro diversity metrics may not move)
     assert "reports/metrics/grpo_" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")
 
+    # one more adversarial cycle runs that cycle and the adversarial evaluation, nothing else
+    set_params(repo, {"adversarial.cycles.3": {"prev": 2, "init": "outs/adv/cycle_2/policy"}})
+    assert ran(dvc(repo, "repro")) == {"adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
+    assert set(json.loads((repo / "reports/metrics/adversarial.json").read_text())["cycles"]) == {"1", "2", "3"}
+
