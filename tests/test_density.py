@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from speedrun.eval.diversity import gini
 from speedrun.model import GPT, GPTConfig
-from speedrun.rl.density import (draw_prompts, effective_sample_size, embed_prompts, gini, group_shares,
+from speedrun.rl.density import (draw_prompts, effective_sample_size, embed_prompts, group_shares,
                                  knn_distance, prompt_weights, share_entropy)
 
 torch.set_num_threads(1)

@@ -1,4 +1,5 @@
 """End to end: the real DVC DAG in a fresh repo on micro params."""
+import hashlib
 import json
 
 from conftest import dvc, git, make_pipeline_repo, set_params
@@ -58,6 +59,17 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()
+
+    # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
+    artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "outs/rm/model.pt", "outs/grpo_density/model.pt",
+                 "outs/grpo_baseline/model.pt", "reports/metrics/diversity.json", "data/adv/cycle_1/train.parquet",
+                 "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
+    digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
+    first = digest()
+    for stage in ["pretrain", "sft", "train_rm", "grpo@density", "grpo@baseline", "eval_diversity", "adv_data@1",
+                  "adv_rm@1", "adv_grpo@1"]:
+        dvc(repo, "repro", "-f", "-s", stage)
+    assert digest() == first
 
     # the README's comparison recipe: metrics side by side, then an experiment on beta
     show = dvc(repo, "metrics", "show")

@@ -161,18 +161,6 @@ def share_entropy(shares: dict[str, float] | Sequence[float]) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def gini(values: Sequence[float] | np.ndarray | torch.Tensor) -> float:
-    """Gini coefficient of non-negative values in [0, 1): 0 = perfectly even."""
-    x = np.sort(np.asarray(torch.as_tensor(values, dtype=torch.float64)))
-    if (x < 0).any():
-        raise ValueError("gini needs non-negative values")
-    n, total = len(x), x.sum()
-    if n == 0 or total == 0:
-        return 0.0
-    # mean absolute difference form, via the sorted cumulative sum
-    return float((2.0 * np.sum(np.arange(1, n + 1) * x) / (n * total)) - (n + 1) / n)
-
-
 def draw_prompts(weights: torch.Tensor | np.ndarray, batch_size: int, generator: torch.Generator) -> torch.Tensor:
     """batch_size distinct prompt indices (LongTensor), drawn ∝ weights without replacement."""
     w = torch.as_tensor(weights, dtype=torch.float64)
