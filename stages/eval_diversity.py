@@ -21,12 +21,16 @@ MODELS = {"sft": "outs/sft", "grpo_density": "outs/grpo_density", "grpo_baseline
 
 
 def rm_summary(rm_dir: Path) -> str:
-    """The RM's held-out accuracy, flagged when it is near chance: then GRPO had no signal to follow."""
-    val = read_json(rm_dir / "meta.json")["val"]
+    """The RM's held-out accuracy, flagged when it is constant or near chance: then GRPO had little to follow."""
+    meta = read_json(rm_dir / "meta.json")
+    val = meta["val"]
     line = f"val pairwise accuracy {val['val_acc']:.3f} on held-out pairs (word-overlap baseline {val['baseline_acc']:.3f})"
-    if val["val_acc"] < 0.55:
-        line += (" — **near chance: the rewards carry (almost) no signal, GRPO's advantages are ~0, and any "
-                 "density − baseline difference below is sampling noise, not an effect of the sampler**")
+    if meta["reward_std"] == 0:
+        line += (" — **constant: every reward is equal, every GRPO advantage is 0, both GRPO runs are the SFT model, "
+                 "and any density − baseline difference below is sampling noise**")
+    elif val["val_acc"] < 0.55:
+        line += (" — **near chance: GRPO optimised a score that barely tracks which answer is right; the differences "
+                 "below show how each sampler behaves under that score, not under a good reward**")
     return line
 
 

@@ -164,3 +164,14 @@ def test_report_without_logs_or_weights(samples, result, tmp_path):
     with pytest.raises(ValueError, match="reward_mean"):
         write_report(small, samples, {"grpo_density": pd.DataFrame({"step": [0]})}, {}, tmp_path / "r.md",
                      tmp_path / "fig", {})
+
+
+@pytest.mark.parametrize("acc,std,flag", [(0.5, 0.0, "constant"), (0.53, 0.4, "near chance"), (0.9, 1.0, None)])
+def test_rm_summary_flags_a_constant_or_chance_reward_model(tmp_path, acc, std, flag):
+    from stages.eval_diversity import rm_summary
+    (tmp_path / "meta.json").write_text(json.dumps(
+        {"reward_mean": 0.0, "reward_std": std, "val": {"val_acc": acc, "baseline_acc": 0.8}}))
+    line = rm_summary(tmp_path)
+    assert f"{acc:.3f}" in line
+    for word in ("constant", "near chance"):
+        assert (word in line) == (word == flag)

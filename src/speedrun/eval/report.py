@@ -236,7 +236,10 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
               "are rescaled to the full-pool value (pooled self-BLEU is not, and its interval can sit off its "
               f"\u0394); self-BLEU-4 on "
               f"{s['self_bleu_k']} responses (nltk method-1 smoothing); EAD vocabulary V = {s['ead_vocab_size']} "
-              f"(n = 1, 2, 3); words = `\\b\\w+\\b` on lowercased text"]
+              f"(n = 1, 2, 3); words = `\\b\\w+\\b` on lowercased text",
+              "- **what the interval leaves out**: GRPO's own training seed. Each variant is one training run, so a "
+              "verdict says these two runs differ, not that the samplers do; only agreement over several training "
+              "seeds says that"]
 
     directional = [n for n in result["metrics"] if METRIC_BY_NAME[n].good != "neutral"]
     count = {v: sum(result["delta"][n]["verdict"] == v for n in directional) for v in (PASS, FAIL, UNSURE)}
