@@ -13,7 +13,7 @@ import time
 import torch
 import typer
 
-from speedrun.common import pick_device
+from speedrun.common import pick_device, use_bf16
 from speedrun.model import GPT, GPTConfig
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
@@ -29,7 +29,8 @@ def main(
     max_new_tokens: int = typer.Option(48, help="completion tokens per sample (params.yaml grpo.max_new_tokens)"),
     steps: int = typer.Option(6, help="timed GRPO steps (after one warm-up step)"),
     threads: int = typer.Option(2, help="torch CPU threads"),
-    device: str = typer.Option("auto", help="auto, cpu or cuda (cuda runs under bf16 autocast)"),
+    device: str = typer.Option("auto", help="auto, cpu or cuda"),
+    dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
 ) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
@@ -42,8 +43,9 @@ def main(
     prompts = [torch.randint(1, vocab, (prompt_len // 2 + i % (prompt_len // 2 + 1),),
                              generator=torch.Generator().manual_seed(i)).tolist() for i in range(64)]
     cfg = GRPOConfig(steps=steps + 1, prompts_per_step=prompts_per_step, group_size=group_size,
-                     max_new_tokens=max_new_tokens, seed=0, bf16=device == "cuda")
-    print(f"GPT depth {depth}, {policy.num_params() / 1e6:.2f}M params, vocab {vocab}, {device}, {threads} thread(s); "
+                     max_new_tokens=max_new_tokens, seed=0, bf16=use_bf16(dtype, device))
+    print(f"GPT depth {depth}, {policy.num_params() / 1e6:.2f}M params, vocab {vocab}, {device} "
+          f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s); "
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -7,7 +7,7 @@ import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
-from speedrun.common import pick_device, write_json, write_parquet
+from speedrun.common import pick_device, use_bf16, write_json, write_parquet
 from speedrun.train.checkpoint import load_model
 from speedrun.train.loop import autocast
 
@@ -25,7 +25,7 @@ def main(
     temperature: float = typer.Option(1.0, help="sampling temperature of the generated tokens"),
     seed: int = typer.Option(1337, help="seed of windows, K and sampling (hashed with cycle and split)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, GPU)"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
     out_dir: Path = typer.Option(Path("data/adv/cycle_1"), help="train.parquet, val.parquet, stats.json"),
 ) -> None:
     t0 = time.perf_counter()
@@ -35,7 +35,7 @@ def main(
     stats = {"cycle": cycle, "init": str(init_dir), "seq_len": seq_len, "temperature": temperature, "splits": {}}
     for split, rows, pure in (("train", train_rows, 0), ("val", val_rows, val_pure_rows)):
         win = adv.corpus_windows(pd.read_parquet(corpus_dir / f"{split}.parquet")["text"].tolist(), tok, seq_len)
-        with autocast(device, dtype == "bf16"):
+        with autocast(device, use_bf16(dtype, device)):
             df = adv.build_split(policy, win, rows, pure, batch_size, seed, cycle, split, temperature, tok.bos_id)
         write_parquet(out_dir / f"{split}.parquet", df)
         ks = df["K"]

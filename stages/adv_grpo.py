@@ -9,7 +9,7 @@ import typer
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
 from speedrun.adversarial.reward import grpo_reward_fn
-from speedrun.common import pick_device, seed_everything, write_json, write_text
+from speedrun.common import pick_device, use_bf16, seed_everything, write_json, write_text
 from speedrun.reward.discriminator import load_discriminator
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
@@ -40,7 +40,7 @@ def main(
     min_delta: float = typer.Option(0.001, help="improvement of the moving average that resets patience"),
     seed: int = typer.Option(1337, help="seed of prompts and sampling"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, GPU)"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
     out_dir: Path = typer.Option(Path("outs/adv/cycle_1/policy"), help="model.pt, meta.json, log.csv, metrics.json"),
 ) -> None:
     device = pick_device(device)
@@ -57,7 +57,7 @@ def main(
     threshold = reward_threshold if reward == "prob" else math.log(reward_threshold / (1 - reward_threshold))
     cfg = GRPOConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size,
                      max_new_tokens=seq_len - 1, temperature=temperature, lr=lr, beta=beta, clip_eps=clip_eps,
-                     inner_updates=inner_updates, warmup_steps=warmup_steps, seed=seed, bf16=dtype == "bf16",
+                     inner_updates=inner_updates, warmup_steps=warmup_steps, seed=seed, bf16=use_bf16(dtype, device),
                      reward_threshold=threshold, patience=patience, min_delta=min_delta)
     draw = lambda step, g: torch.randperm(len(pool), generator=g)[:prompts_per_step]  # noqa: E731
     print(f"adv_grpo@{cycle}: policy {init_dir} vs discriminator {disc_dir} ({disc_meta['head']} head), "

@@ -8,7 +8,7 @@ import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
-from speedrun.common import pick_device, read_json, seed_everything, write_json
+from speedrun.common import pick_device, use_bf16, read_json, seed_everything, write_json
 from speedrun.reward.discriminator import Discriminator, metrics, save_discriminator
 from speedrun.train import data
 from speedrun.train.checkpoint import load_model
@@ -40,11 +40,12 @@ def main(
     min_delta: float = typer.Option(0.001, help="improvement in val loss that resets patience"),
     seed: int = typer.Option(1337, help="seed of head init and batch order"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast, GPU)"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
     out_dir: Path = typer.Option(Path("outs/adv/cycle_1/disc"), help="model.pt, meta.json, log/eval.csv, metrics.json"),
 ) -> None:
     t0 = time.perf_counter()
-    device, bf16 = pick_device(device), dtype == "bf16"
+    device = pick_device(device)
+    bf16 = use_bf16(dtype, device)
     tok = tokenizer_lib.load(tokenizer_dir)
     n = read_json(data_dir / "stats.json")["seq_len"]
     split = {s: adv.load_split(pd.read_parquet(data_dir / f"{s}.parquet"), n, str(data_dir / f"{s}.parquet"))

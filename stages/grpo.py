@@ -7,7 +7,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, seed_everything, write_json, write_parquet, write_text
+from speedrun.common import pick_device, use_bf16, seed_everything, write_json, write_parquet, write_text
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
@@ -40,7 +40,7 @@ def main(
     density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
     seed: int = typer.Option(1337, help="same seed for both variants"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32 or bf16 autocast"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
     out_dir: Path = typer.Option(Path("outs/grpo_density"), help="model.pt, meta.json, log.csv, weights.parquet"),
     metrics: Path = typer.Option(Path("reports/metrics/grpo_density.json"), help="metrics JSON"),
 ) -> None:
@@ -62,9 +62,10 @@ def main(
     cfg = GRPOConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size,
                      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, lr=lr,
                      beta=beta, clip_eps=clip_eps, inner_updates=inner_updates, adv_scale=adv_scale, seed=seed,
-                     bf16=dtype == "bf16")
+                     bf16=use_bf16(dtype, dev))
     ess = effective_sample_size(weights)
-    print(f"grpo ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%})")
+    print(f"grpo ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%}), "
+          f"{dev} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = grpo_train(policy, ref, ids, draw,
                         lambda batch, s: score_samples(rm, batch, s, tok.bos_id, standardise=True), cfg, dev,
                         tok.assistant_end_id, tok.bos_id, extra_stats=lambda idx: {"weight_ess": ess},

@@ -6,7 +6,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import seed_everything, pick_device, write_json
+from speedrun.common import seed_everything, pick_device, use_bf16, write_json
 from speedrun.model import GPT, GPTConfig
 from speedrun.train import data, distributed
 from speedrun.train.checkpoint import save_model
@@ -37,7 +37,7 @@ def main(
     scratch_dir: Path = typer.Option(Path("scratch/pretrain"), help="resume state (not a DVC out)"),
     seed: int = typer.Option(1337, help="seed of init and data order"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast; use on GPU or CPUs with bf16 units)"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
     nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
     out_dir: Path = typer.Option(Path("outs/pretrain"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/pretrain.json"), help="metrics JSON"),
@@ -55,11 +55,11 @@ def main(
     model = GPT(config).to(d.device)
     cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
                       final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=dtype == "bf16", monitor="val_bpb")
+                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_bpb")
     sampler = data.StepSampler(len(train_win), batch_size, micro_batch, seed, "pretrain")
     if d.is_main:
         print(f"pretrain: {model.num_params() / 1e6:.2f}M params, {len(train_win)} train windows of {seq_len}, "
-              f"{len(val_win)} val windows, {d.world} process(es) on {d.device}")
+              f"{len(val_win)} val windows, {d.world} process(es) on {d.device} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = train(model, cfg, data.lm_batch_fn(train_win, sampler),
                    lambda m: {"val_bpb": data.bits_per_byte(m, val_win, tbytes, 16, d.device)}, d,
                    scratch=scratch_dir, fingerprint=f"pretrain|{tok.digest}|{config}|{seed}|{batch_size}",

@@ -5,7 +5,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, seed_everything, write_json
+from speedrun.common import pick_device, use_bf16, seed_everything, write_json
 from speedrun.data import sft as sft_data
 from speedrun.train import data, distributed
 from speedrun.train.checkpoint import load_model, save_model
@@ -43,7 +43,7 @@ def main(
     scratch_dir: Path = typer.Option(Path("scratch/sft"), help="resume state (not a DVC out)"),
     seed: int = typer.Option(1337, help="seed of data order and sampling"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, or bf16 (autocast; use on GPU or CPUs with bf16 units)"),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
     nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
     out_dir: Path = typer.Option(Path("outs/sft"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/sft.json"), help="metrics JSON"),
@@ -68,11 +68,11 @@ def main(
     model.train()
     cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
                       final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=dtype == "bf16", monitor="val_loss")
+                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_loss")
     sampler = data.StepSampler(len(rendered["train"]), batch_size, micro_batch, seed, "sft")
     if d.is_main:
         print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "
-              f"(skipped {skipped}), {d.world} process(es) on {d.device}")
+              f"(skipped {skipped}), {d.world} process(es) on {d.device} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = train(model, cfg, data.sft_batch_fn(rendered["train"], sampler, max_len, tok.bos_id, micro_tokens),
                    lambda m: {"val_loss": data.masked_loss(m, val, max_len, tok.bos_id, 32, d.device)}, d,
                    scratch=scratch_dir, fingerprint=f"sft|{tok.digest}|{meta}|{source}|{seed}|{batch_size}",

@@ -104,3 +104,16 @@ def test_nan_loss_stops_training(tmp_path):
     with pytest.raises(FloatingPointError, match="loss is nan at step 2"):
         train(model, TrainConfig(steps=5, eval_every=100), batch, lambda m: {"val_loss": 1.0}, Dist(0, 1, "cpu"),
               scratch=tmp_path, loss_fn=nan_after_two)
+
+
+def test_use_bf16_explicit_and_auto(monkeypatch):
+    from speedrun.common import use_bf16
+    assert use_bf16("fp32", "cpu") is False and use_bf16("bf16", "cpu") is True
+    with pytest.raises(ValueError, match="fp16"):
+        use_bf16("fp16", "cpu")
+    # auto on a CPU: bf16 only with native bf16 units, never emulated (far slower than fp32)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert use_bf16("auto", "cpu") is False
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert use_bf16("auto", "cpu") is True

@@ -117,6 +117,19 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
+def use_bf16(dtype: str, device: str) -> bool:
+    """Whether to autocast to bf16. "auto": where the hardware multiplies bf16 natively (CUDA GPUs that support it,
+    CPUs with AVX512-BF16 or AMX); elsewhere bf16 is emulated and far slower than fp32 (1 GFLOP/s seen)."""
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"dtype must be auto, fp32 or bf16, not {dtype!r}")
+    if dtype != "auto":
+        return dtype == "bf16"
+    if device.startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    cpu = torch.cpu
+    return any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 def check_finite(value: float, what: str, step: int) -> None:
     """A NaN/inf loss stops the stage: nothing is written from a diverged run."""
     if not np.isfinite(value):
