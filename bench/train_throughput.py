@@ -34,10 +34,11 @@ def matmul_peak(dtype: torch.dtype, device: str, n: int = 1024, reps: int = 20) 
     return 2 * n**3 / best
 
 
-def step_throughput(cfg: GPTConfig, batch: int, steps: int, bf16: bool, compile: bool, device: str) -> float:
+def step_throughput(cfg: GPTConfig, batch: int, steps: int, bf16: bool, compile: bool, device: str,
+                    optimizer: str = "adamw") -> float:
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
-    opt = make_optimizer(model, TrainConfig(steps=steps))
+    opt = make_optimizer(model, TrainConfig(steps=steps, optimizer=optimizer))
     fwd = torch.compile(model) if compile else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=device)
 
@@ -70,11 +71,13 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=params["tokenizer"]["vocab_size"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--optimizer", default=params["pretrain"]["optimizer"], help="adamw | muon (params.yaml)")
     args = ap.parse_args()
     cfg = GPTConfig(vocab_size=args.vocab, depth=args.depth, head_dim=params["model"]["head_dim"], seq_len=args.seq_len)
     flops_per_token = GPT(cfg).estimate_flops()
     print(f"device {args.device}, {torch.get_num_threads()} threads; depth {cfg.depth}, width {cfg.n_embd}, "
-          f"vocab {cfg.vocab_size}, batch {args.batch} x {cfg.seq_len}; {flops_per_token / 1e6:.1f} MFLOP/token")
+          f"vocab {cfg.vocab_size}, batch {args.batch} x {cfg.seq_len}, {args.optimizer}; "
+          f"{flops_per_token / 1e6:.1f} MFLOP/token")
     n = 8192 if args.device == "cuda" else 1024  # a GPU needs big products to reach its peak (1024^3: ~1/8 of an H100's)
     peaks = {"fp32": matmul_peak(torch.float32, args.device, n), "bf16": matmul_peak(torch.bfloat16, args.device, n)}
     for name, p in peaks.items():
@@ -85,7 +88,7 @@ def main() -> None:
         print("bf16 step skipped: the bf16 matmul peak is below fp32 here, so the pipeline trains in fp32")
     for compile in ([False] if args.no_compile else [False, True]):
         for dtype in dtypes:
-            tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device)
+            tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device, args.optimizer)
             flops = tps * flops_per_token
             print(f"{dtype} {'compiled' if compile else 'eager':8s}: {tps:8,.0f} tokens/s  "
                   f"{flops / 1e9:8,.1f} GFLOP/s  MFU {flops / peaks[dtype]:6.1%} (of the {dtype} peak)")

@@ -24,8 +24,10 @@ def main(
     steps: int = typer.Option(300, help="optimizer steps (at most)"),
     batch_size: int = typer.Option(16, help="windows per optimizer step, all processes together"),
     micro_batch: int = typer.Option(0, help="windows per forward per process (0 = the whole share)"),
-    lr: float = typer.Option(3e-3, help="peak AdamW learning rate"),
-    weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
+    lr: float = typer.Option(3e-3, help="peak learning rate"),
+    optimizer: str = typer.Option("adamw", help="adamw, or muon: Muon on the transformer blocks' matrices, "
+                                  "AdamW on embeddings, head and vectors (one lr for both)"),
+    weight_decay: float = typer.Option(0.0, help="weight decay on matrices"),
     warmup_steps: int = typer.Option(20, help="linear warmup steps"),
     final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
     grad_clip: float = typer.Option(1.0, help="max gradient norm"),
@@ -55,7 +57,8 @@ def main(
     model = GPT(config).to(d.device)
     cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
                       final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_bpb")
+                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_bpb",
+                      optimizer=optimizer)
     sampler = data.StepSampler(len(train_win), batch_size, micro_batch, seed, "pretrain")
     if d.is_main:
         print(f"pretrain: {model.num_params() / 1e6:.2f}M params, {len(train_win)} train windows of {seq_len}, "

@@ -30,8 +30,10 @@ def main(
     micro_batch: int = typer.Option(0, help="conversations per forward per process (0 = the whole share)"),
     micro_tokens: int = typer.Option(2048, help="re-cut micro-batches by length to at most this many padded "
                                                "tokens (same gradient, less padding; 0 = off)"),
-    lr: float = typer.Option(1e-3, help="peak AdamW learning rate"),
-    weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
+    lr: float = typer.Option(1e-3, help="peak learning rate"),
+    optimizer: str = typer.Option("adamw", help="adamw, or muon: Muon on the transformer blocks' matrices, "
+                                  "AdamW on embeddings, head and vectors (one lr for both)"),
+    weight_decay: float = typer.Option(0.0, help="weight decay on matrices"),
     warmup_steps: int = typer.Option(10, help="linear warmup steps"),
     final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
     grad_clip: float = typer.Option(1.0, help="max gradient norm"),
@@ -68,7 +70,8 @@ def main(
     model.train()
     cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
                       final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_loss")
+                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_loss",
+                      optimizer=optimizer)
     sampler = data.StepSampler(len(rendered["train"]), batch_size, micro_batch, seed, "sft")
     if d.is_main:
         print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "

@@ -117,3 +117,41 @@ def test_use_bf16_explicit_and_auto(monkeypatch):
     assert use_bf16("auto", "cpu") is False
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
     assert use_bf16("auto", "cpu") is True
+
+
+def test_muon_takes_the_block_matrices_and_resumes_exactly(tmp_path):
+    from speedrun.common import torch_load
+    from speedrun.model import GPT, GPTConfig
+    from speedrun.train.loop import TrainConfig, make_optimizer
+
+    def fresh():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=64, depth=2, head_dim=32, seq_len=16))
+        return model, make_optimizer(model, TrainConfig(steps=3, lr=1e-2, optimizer="muon"))
+
+    def step(model, opt, i):
+        x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(i))
+        model(x, x).backward()
+        opt.step()
+        opt.zero_grad()
+
+    model, opt = fresh()
+    muon_ids = {id(p) for g in opt.optimizers[0].param_groups for p in g["params"]}
+    assert {n for n, p in model.named_parameters() if id(p) in muon_ids} == {
+        n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+    assert isinstance(opt.optimizers[0], torch.optim.Muon) and isinstance(opt.optimizers[1], torch.optim.AdamW)
+    for i in range(3):
+        step(model, opt, i)
+    straight = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model, opt = fresh()
+    for i in range(2):
+        step(model, opt, i)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "resume.pt")
+    model, opt = fresh()
+    state = torch_load(tmp_path / "resume.pt")  # weights_only: the combined state holds no pickled code
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    step(model, opt, 2)
+    assert all(torch.equal(straight[k], v) for k, v in model.state_dict().items())
+    assert not torch.equal(straight["blocks.0.attn.c_proj.weight"], fresh()[0].state_dict()["blocks.0.attn.c_proj.weight"])

@@ -41,6 +41,7 @@ class TrainConfig:
     save_every: int = 0  # scratch checkpoint period in steps; 0 = none
     bf16: bool = False  # autocast matmuls to bfloat16 (CUDA, or CPUs with bf16 units)
     monitor: str = "val_loss"  # eval metric for early stopping (lower is better)
+    optimizer: str = "adamw"  # adamw | muon (Muon on the transformer blocks' matrices, AdamW on the rest)
 
 
 @dataclass
@@ -62,14 +63,48 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (1.0 - (1.0 - cfg.final_lr_frac) * min(1.0, progress))
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    rest = [p for p in params if p.dim() < 2]
+class Optimizers:
+    """Several optimizers stepped as one (Muon on some parameters, AdamW on the others): the loop sets lr on
+    param_groups, steps, zeroes and checkpoints them together."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
+            o.load_state_dict(s)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | Optimizers:
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be adamw or muon, not {cfg.optimizer!r}")
+    # Muon orthogonalises each update of a hidden matrix; embeddings, the LM/reward heads and vectors stay on AdamW
+    is_matrix = lambda n, p: cfg.optimizer == "muon" and p.dim() == 2 and ".blocks." in f".{n}"  # noqa: E731
+    matrices = [p for n, p in named if is_matrix(n, p)]
+    decay = [p for n, p in named if p.dim() >= 2 and not is_matrix(n, p)]
+    rest = [p for n, p in named if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
     if rest:
         groups.append({"params": rest, "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=False)
+    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=False)
+    if not matrices:
+        return adamw
+    # match_rms_adamw scales Muon's step to AdamW's update size, so one lr (and schedule) serves both
+    muon = torch.optim.Muon(matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return Optimizers(muon, adamw)
 
 
 def lm_loss_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
