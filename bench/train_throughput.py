@@ -82,7 +82,7 @@ def main() -> None:
     peaks = {"fp32": matmul_peak(torch.float32, args.device, n), "bf16": matmul_peak(torch.bfloat16, args.device, n)}
     for name, p in peaks.items():
         print(f"matmul peak {name}: {p / 1e9:,.1f} GFLOP/s")
-    # without bf16 units (no AVX512-BF16/AMX on this CPU) bf16 matmuls are emulated and far slower than fp32
+    # without bf16 units (no AVX512-BF16/AMX) bf16 matmuls are emulated and far slower than fp32: skip them
     dtypes = ["fp32", "bf16"] if peaks["bf16"] > peaks["fp32"] else ["fp32"]
     if dtypes == ["fp32"]:
         print("bf16 step skipped: the bf16 matmul peak is below fp32 here, so the pipeline trains in fp32")

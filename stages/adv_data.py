@@ -7,7 +7,7 @@ import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
-from speedrun.common import pick_device, use_bf16, write_json, write_parquet
+from speedrun.common import pick_device, DTYPE_HELP, use_bf16, write_json, write_parquet
 from speedrun.train.checkpoint import load_model
 from speedrun.train.loop import autocast
 
@@ -25,7 +25,7 @@ def main(
     temperature: float = typer.Option(1.0, help="sampling temperature of the generated tokens"),
     seed: int = typer.Option(1337, help="seed of windows, K and sampling (hashed with cycle and split)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
+    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("data/adv/cycle_1"), help="train.parquet, val.parquet, stats.json"),
 ) -> None:
     t0 = time.perf_counter()

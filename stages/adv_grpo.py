@@ -9,7 +9,7 @@ import typer
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
 from speedrun.adversarial.reward import grpo_reward_fn
-from speedrun.common import pick_device, use_bf16, seed_everything, write_json, write_text
+from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, write_json, write_text
 from speedrun.reward.discriminator import load_discriminator
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
@@ -40,7 +40,7 @@ def main(
     min_delta: float = typer.Option(0.001, help="improvement of the moving average that resets patience"),
     seed: int = typer.Option(1337, help="seed of prompts and sampling"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
+    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("outs/adv/cycle_1/policy"), help="model.pt, meta.json, log.csv, metrics.json"),
 ) -> None:
     device = pick_device(device)

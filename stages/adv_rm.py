@@ -8,7 +8,7 @@ import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
-from speedrun.common import pick_device, use_bf16, read_json, seed_everything, write_json
+from speedrun.common import pick_device, DTYPE_HELP, use_bf16, read_json, seed_everything, write_json
 from speedrun.reward.discriminator import Discriminator, metrics, save_discriminator
 from speedrun.train import data
 from speedrun.train.checkpoint import load_model
@@ -40,7 +40,7 @@ def main(
     min_delta: float = typer.Option(0.001, help="improvement in val loss that resets patience"),
     seed: int = typer.Option(1337, help="seed of head init and batch order"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
+    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("outs/adv/cycle_1/disc"), help="model.pt, meta.json, log/eval.csv, metrics.json"),
 ) -> None:
     t0 = time.perf_counter()

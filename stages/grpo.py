@@ -7,7 +7,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, use_bf16, seed_everything, write_json, write_parquet, write_text
+from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, write_json, write_parquet, write_text
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
@@ -40,7 +40,7 @@ def main(
     density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
     seed: int = typer.Option(1337, help="same seed for both variants"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
+    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("outs/grpo_density"), help="model.pt, meta.json, log.csv, weights.parquet"),
     metrics: Path = typer.Option(Path("reports/metrics/grpo_density.json"), help="metrics JSON"),
 ) -> None:

@@ -6,7 +6,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import seed_everything, pick_device, use_bf16, write_json
+from speedrun.common import seed_everything, pick_device, DTYPE_HELP, use_bf16, write_json
 from speedrun.model import GPT, GPTConfig
 from speedrun.train import data, distributed
 from speedrun.train.checkpoint import save_model
@@ -39,7 +39,7 @@ def main(
     scratch_dir: Path = typer.Option(Path("scratch/pretrain"), help="resume state (not a DVC out)"),
     seed: int = typer.Option(1337, help="seed of init and data order"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
+    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
     out_dir: Path = typer.Option(Path("outs/pretrain"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/pretrain.json"), help="metrics JSON"),

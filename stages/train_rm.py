@@ -11,7 +11,7 @@ import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, use_bf16, seed_everything, stable_hash, write_json
+from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, stable_hash, write_json
 from speedrun.reward import preference as pref
 from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model, save_model
@@ -45,7 +45,7 @@ def main(
     scratch_dir: Path = typer.Option(Path("scratch/rm"), help="resume state (not a DVC out)"),
     seed: int = typer.Option(1337, help="seed of data order"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help="fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"),
+    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
     out_dir: Path = typer.Option(Path("outs/rm"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/rm.json"), help="metrics JSON"),
@@ -81,7 +81,8 @@ def main(
     if d.is_main:
         print(f"rm: {len(train_pairs['id'])} train / {len(val['id'])} val pairs (skipped train {train_skipped}, "
               f"eval {val_skipped}), training {n_trained / 1e6:.2f}M of {rm.trunk.num_params() / 1e6:.2f}M params "
-              f"(last {train_last_blocks} blocks + head), {d.world} process(es) on {d.device} in {'bf16' if bf16 else 'fp32'}")
+              f"(last {train_last_blocks} blocks + head), {d.world} process(es) on {d.device} "
+              f"in {'bf16' if bf16 else 'fp32'}")
     result = train(rm, cfg, pref.pair_batch_fn(train_pairs, sampler, micro_tokens),
                    lambda m: pref.evaluate(m, val, 64, d.device)[0], d, scratch=scratch_dir,
                    fingerprint=f"rm|{tok.digest}|{init_meta}|{stable_hash(*train_pairs['id'])}|{max_len}|"

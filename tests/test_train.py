@@ -154,4 +154,5 @@ def test_muon_takes_the_block_matrices_and_resumes_exactly(tmp_path):
     opt.load_state_dict(state["opt"])
     step(model, opt, 2)
     assert all(torch.equal(straight[k], v) for k, v in model.state_dict().items())
-    assert not torch.equal(straight["blocks.0.attn.c_proj.weight"], fresh()[0].state_dict()["blocks.0.attn.c_proj.weight"])
+    name = "blocks.0.attn.c_proj.weight"
+    assert not torch.equal(straight[name], fresh()[0].state_dict()[name])

@@ -117,6 +117,9 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
+DTYPE_HELP = "fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"
+
+
 def use_bf16(dtype: str, device: str) -> bool:
     """Whether to autocast to bf16. "auto": where the hardware multiplies bf16 natively (CUDA GPUs that support it,
     CPUs with AVX512-BF16 or AMX); elsewhere bf16 is emulated and far slower than fp32 (1 GFLOP/s seen)."""
