@@ -29,6 +29,8 @@ def main(
         10, help="answer pairs kept per stack exchange question, widest pm_score gap first"),
     embedded_hard_frac: float = typer.Option(
         0.5, help="fraction of embedded pairs whose negative comes from the same module"),
+    embedded_negatives: int = typer.Option(
+        1, help="embedded pairs per object: its question and answer against this many distinct negatives"),
     val_frac: float = typer.Option(
         0.1, help="embedded pairs: the corpus val fraction, recorded in `split` (train/val)"),
     out_dir: Path = typer.Option(Path("data/pairs"), help="output directory"),
@@ -43,13 +45,14 @@ def main(
     chosen = [s for s in pairs.SOURCES if s in wanted and not disabled[s]]  # fixed order: hh, uf, se, embedded
     if not chosen:
         raise typer.BadParameter("every source is disabled")
-    if se_max_pairs_per_question < 1 or not 0.0 <= embedded_hard_frac <= 1.0:
-        raise typer.BadParameter("--se-max-pairs-per-question must be >= 1 and --embedded-hard-frac in [0, 1]")
+    if se_max_pairs_per_question < 1 or embedded_negatives < 1 or not 0.0 <= embedded_hard_frac <= 1.0:
+        raise typer.BadParameter("--se-max-pairs-per-question and --embedded-negatives must be >= 1 "
+                                 "and --embedded-hard-frac in [0, 1]")
     make = {
         "hh": lambda: pairs_hh.source(hh_path),
         "uf": lambda: pairs_uf.source(uf_path),
         "se": lambda: pairs_se.source(se_path, se_max_pairs_per_question, se_data_dir),
-        "embedded": lambda: pairs_embedded.source(embedded_hard_frac, val_frac),
+        "embedded": lambda: pairs_embedded.source(embedded_hard_frac, val_frac, negatives=embedded_negatives),
     }
     stats = pairs.build({s: make[s]() for s in chosen}, out_dir / "pairs.parquet", limit_per_source)
     stats["limit_per_source"] = limit_per_source

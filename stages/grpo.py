@@ -38,6 +38,8 @@ def main(
     density_k: int = typer.Option(10, help="neighbours for the density estimate"),
     density_alpha: float = typer.Option(1.0, help="weight ∝ distance^alpha"),
     density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
+    density_pooling: str = typer.Option("idf", help="prompt embedding: idf-weighted (template tokens shared by "
+                                                    "most prompts weigh ~0) or plain mean of the hidden states"),
     seed: int = typer.Option(1337, help="same seed for both variants"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     dtype: str = typer.Option("fp32", help=DTYPE_HELP),
@@ -51,7 +53,8 @@ def main(
     policy, meta = load_model(sft_dir, dev, tok.digest)
     ref, _ = load_model(sft_dir, dev, tok.digest)
     rm = RewardModel.load(rm_dir, dev)
-    weights = sampling_weights(sampling, ref, ids, density_k, density_alpha, density_max_ratio, dev)
+    weights = sampling_weights(sampling, ref, ids, density_k, density_alpha, density_max_ratio, dev,
+                               density_pooling)
     draws = torch.zeros(len(ids), dtype=torch.long)
 
     def draw(step: int, g: torch.Generator) -> torch.Tensor:

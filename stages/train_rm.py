@@ -38,7 +38,8 @@ def main(
     final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
     grad_clip: float = typer.Option(1.0, help="max gradient norm"),
     eval_every: int = typer.Option(30, help="steps between val evaluations"),
-    eval_pairs: int = typer.Option(0, help="val pairs per evaluation, the first in file order (0 = all)"),
+    eval_pairs: int = typer.Option(0, help="val pairs per periodic evaluation, evenly spaced over the file "
+                                          "(0 = all); the final metrics score every val pair"),
     patience: int = typer.Option(3, help="evals without improvement before stopping (0 = off)"),
     min_delta: float = typer.Option(0.002, help="improvement in val BT loss that resets patience"),
     save_every: int = typer.Option(30, help="steps between scratch (resume) checkpoints; 0 = off"),
@@ -59,10 +60,11 @@ def main(
     df = pref.load_pairs(pairs)
     split = pref.split_pairs(df, tok, max_len)
     (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["eval"]
-    if eval_pairs:
-        val = {k: v[:eval_pairs] for k, v in val.items()}
     if not val["id"]:
         raise ValueError(f"{pairs}: no usable 'eval' pairs to validate on (skipped: {val_skipped})")
+    n_val = len(val["id"])
+    picked = sorted({i * n_val // eval_pairs for i in range(eval_pairs)}) if 0 < eval_pairs < n_val else range(n_val)
+    val_periodic = {k: [v[i] for i in picked] for k, v in val.items()}
     seed_everything(seed)
     gpt, init_meta = load_model(init_dir, d.device, tok.digest)
     if d.is_main:  # does the SFT model itself give the right answer a higher likelihood? (what its trunk knows)
@@ -79,12 +81,13 @@ def main(
     sampler = StepSampler(len(train_pairs["id"]), batch_size, micro_batch, seed, "rm")
     n_trained = sum(p.numel() for p in rm.parameters() if p.requires_grad)
     if d.is_main:
-        print(f"rm: {len(train_pairs['id'])} train / {len(val['id'])} val pairs (skipped train {train_skipped}, "
+        print(f"rm: {len(train_pairs['id'])} train / {n_val} val pairs ({len(picked)} per periodic eval; "
+              f"skipped train {train_skipped}, "
               f"eval {val_skipped}), training {n_trained / 1e6:.2f}M of {rm.trunk.num_params() / 1e6:.2f}M params "
               f"(last {train_last_blocks} blocks + head), {d.world} process(es) on {d.device} "
               f"in {'bf16' if bf16 else 'fp32'}")
     result = train(rm, cfg, pref.pair_batch_fn(train_pairs, sampler, micro_tokens),
-                   lambda m: pref.evaluate(m, val, 64, d.device)[0], d, scratch=scratch_dir,
+                   lambda m: pref.evaluate(m, val_periodic, 64, d.device)[0], d, scratch=scratch_dir,
                    fingerprint=f"rm|{tok.digest}|{init_meta}|{stable_hash(*train_pairs['id'])}|{max_len}|"
                                f"{train_last_blocks}|{seed}|{batch_size}",
                    loss_fn=pref.bt_loss_sum, name="rm")

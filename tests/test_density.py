@@ -7,7 +7,7 @@ import torch
 
 from speedrun.eval.diversity import gini
 from speedrun.model import GPT, GPTConfig
-from speedrun.rl.density import (draw_prompts, effective_sample_size, embed_prompts, group_shares,
+from speedrun.rl.density import (draw_prompts, effective_sample_size, embed_prompts, group_shares, idf_weights,
                                  knn_distance, prompt_weights, share_entropy)
 
 torch.set_num_threads(1)
@@ -166,3 +166,27 @@ def test_embed_prompts_real_gpt():
     assert w.sum().item() == pytest.approx(1.0) and (w.max() / w.min()).item() <= 10.0
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         embed_prompts(model, [[1, 2], []], batch_size=2, device="cpu")
+
+
+def test_idf_weights_hand_computed():
+    # token 7 is in every prompt (chat markup): weight 0; token 1 in 2 of 4: log 2; token 9 in one: log 4
+    w = idf_weights([[7, 1, 9], [7, 1], [7, 2, 2], [7]])
+    assert torch.allclose(w[0], torch.tensor([0.0, math.log(2), math.log(4)]))
+    assert torch.allclose(w[2], torch.tensor([0.0, math.log(4), math.log(4)]))  # counted once per prompt
+    assert w[3].tolist() == [0.0]
+
+
+def test_embed_prompts_idf_pooling():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, depth=1, n_embd=32, head_dim=16))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    prompts = [[3, 4, 10, 11], [3, 4, 12], [3, 4, 13, 14, 15], [3, 4]]
+    e = embed_prompts(model, prompts, batch_size=2, device="cpu", pooling="idf")
+    for i, (p, w) in enumerate(zip(prompts, idf_weights(prompts))):
+        h = model.hidden(torch.tensor([p])).detach()[0]
+        pooled = (h * w[:, None]).sum(0) / w.sum() if w.sum() > 0 else h.mean(0)  # [3, 4]: all weights 0
+        assert torch.allclose(e[i], torch.nn.functional.normalize(pooled, dim=0), atol=1e-5), i
+    assert not torch.allclose(e, embed_prompts(model, prompts, batch_size=2, device="cpu"))  # differs from mean
+    with pytest.raises(ValueError, match="pooling"):
+        embed_prompts(model, prompts, batch_size=2, device="cpu", pooling="max")

@@ -183,3 +183,22 @@ def test_embedded_pairs(objects, tmp_path):
             assert any(o.top == obj.top or o.kind == obj.kind == "topic" for o in answers[p["rejected"]])
     assert s["negatives"] == {"hard": n_hard, "random": len(got) - n_hard}
     assert 0.35 < n_hard / len(got) < 0.65
+
+
+def test_embedded_pairs_several_negatives(objects, tmp_path):
+    pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects)}, tmp_path / "1.parquet")
+    one = pq.read_table(tmp_path / "1.parquet").to_pylist()
+    stats = pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects, negatives=3)}, tmp_path / "3.parquet")
+    three = pq.read_table(tmp_path / "3.parquet").to_pylist()
+    s = stats["sources"]["embedded"]
+    assert s["rows_read"] + s["extra_pairs"] == s["pairs_kept"] + sum(s["skipped"].values())
+    by_prompt: dict[str, list[dict]] = {}
+    for p in three:
+        by_prompt.setdefault(p["prompt"][0]["content"], []).append(p)
+    assert s["negatives_per_object"] == 3 and len(by_prompt) == len(one)
+    for p in one:  # the first negative of each object is the one it gets alone
+        group = by_prompt[p["prompt"][0]["content"]]
+        assert group[0]["rejected"] == p["rejected"] and len(group) <= 3
+        assert {q["chosen"] for q in group} == {p["chosen"]}
+        assert len({q["rejected"] for q in group}) == len(group)  # distinct negatives
+    assert sum(len(g) < 3 for g in by_prompt.values()) == s["fewer_negatives"] < 0.1 * len(by_prompt)

@@ -13,22 +13,25 @@ from speedrun.data.pairs import Skip, Source, make_pair
 from speedrun.data.questions import answer, answerable, group_of, question
 
 
-def _pick(pool: list[int], answers: list[str], own: str, rng: random.Random) -> int | None:
-    """A random member of pool whose answer differs from own (many objects share a summary)."""
-    options = [i for i in pool if answers[i] != own]
+def _pick(pool: list[int], answers: list[str], taken: set[str], rng: random.Random) -> int | None:
+    """A random member of pool whose answer is not in taken (own answer and negatives already picked:
+    many objects share a summary)."""
+    options = [i for i in pool if answers[i] not in taken]
     return options[rng.randrange(len(options))] if options else None
 
 
-def _pick_any(answers: list[str], own: str, rng: random.Random, tries: int = 100) -> int | None:
+def _pick_any(answers: list[str], taken: set[str], rng: random.Random, tries: int = 100) -> int | None:
     for _ in range(tries):  # rejection sampling: almost every object has a different answer
         i = rng.randrange(len(answers))
-        if answers[i] != own:
+        if answers[i] not in taken:
             return i
     return None
 
 
-def source(hard_frac: float = 0.5, val_frac: float = 0.1, objects: list[DocObject] | None = None) -> Source:
-    """Rows are the collected objects; `split` is the corpus split of the object's module."""
+def source(hard_frac: float = 0.5, val_frac: float = 0.1, objects: list[DocObject] | None = None,
+           negatives: int = 1) -> Source:
+    """Rows are the collected objects, each giving `negatives` pairs (one prompt, the same chosen answer,
+    distinct rejected ones); `split` is the corpus split of the object's module."""
     if objects is None:
         objects, _ = collect()
     usable, _ = answerable(objects)
@@ -39,27 +42,36 @@ def source(hard_frac: float = 0.5, val_frac: float = 0.1, objects: list[DocObjec
     for i, o in enumerate(pool):
         by_module[o.module].append(i)
         by_group[group_of(o)].append(i)
-    extra = {"hard_frac": hard_frac, "hard_fell_back_to_group": 0, "hard_fell_back_to_random": 0}
+    extra = {"hard_frac": hard_frac, "negatives_per_object": negatives, "hard_fell_back_to_group": 0,
+             "hard_fell_back_to_random": 0, "fewer_negatives": 0}
 
     def parse(obj: DocObject, split: str) -> list[dict]:
         if obj not in answer_of:
             raise Skip(answer(obj)[1] or "duplicate_name")  # the first object of a name answers it
         own = normalize_text(answer_of[obj])
-        rng = random.Random(stable_seed("negative", obj.kind, obj.qualname))
-        kind, neg = "random", None
-        if stable_unit("negative_kind", obj.kind, obj.qualname) < hard_frac:
-            kind = "hard"
-            neg = _pick(by_module[obj.module], norm, own, rng)
-            if neg is None:
-                neg = _pick(by_group[group_of(obj)], norm, own, rng)
-                extra["hard_fell_back_to_group"] += neg is not None
-        if neg is None:
-            extra["hard_fell_back_to_random"] += kind == "hard"
-            kind, neg = "random", _pick_any(norm, own, rng)
-            if neg is None:
-                raise Skip("no_negative")
         prompt = [{"role": "user", "content": question(obj)}]
-        return [make_pair("embedded", split, prompt, answer_of[obj], answer_of[pool[neg]],
-                          group=group_of(obj), negative=kind)]
+        taken, out = {own}, []
+        for j in range(negatives):
+            salt = (obj.kind, obj.qualname) + ((j,) if j else ())  # the first negative: the same as with one
+            rng = random.Random(stable_seed("negative", *salt))
+            kind, neg = "random", None
+            if stable_unit("negative_kind", *salt) < hard_frac:
+                kind = "hard"
+                neg = _pick(by_module[obj.module], norm, taken, rng)
+                if neg is None:
+                    neg = _pick(by_group[group_of(obj)], norm, taken, rng)
+                    extra["hard_fell_back_to_group"] += neg is not None
+            if neg is None:
+                extra["hard_fell_back_to_random"] += kind == "hard"
+                kind, neg = "random", _pick_any(norm, taken, rng)
+                if neg is None:
+                    break
+            taken.add(norm[neg])
+            out.append(make_pair("embedded", split, prompt, answer_of[obj], answer_of[pool[neg]],
+                                 group=group_of(obj), negative=kind))
+        if not out:
+            raise Skip("no_negative")
+        extra["fewer_negatives"] += len(out) < negatives
+        return out
 
     return Source(((split_of(o.top, val_frac), o) for o in objects), parse, extra)

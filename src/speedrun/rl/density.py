@@ -92,20 +92,37 @@ def prompt_weights(
     return clip_and_normalise(raw, max_ratio)
 
 
-@torch.no_grad()
-def embed_prompts(model: torch.nn.Module, prompts: list[list[int]], batch_size: int, device: str | torch.device) -> torch.Tensor:
-    """L2-normalised mean of model.hidden(idx) over each prompt's tokens: float32 [N, C] on CPU.
+def idf_weights(prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Per token of each prompt, log(N / number of prompts holding that token): chat markup and template words
+    shared by most prompts weigh ~0, the rare tokens that name what a prompt is about weigh most."""
+    counts: dict[int, int] = {}
+    for p in prompts:
+        for t in set(p):
+            counts[t] = counts.get(t, 0) + 1
+    n = len(prompts)
+    return [torch.tensor([math.log(n / counts[t]) for t in p], dtype=torch.float32) for p in prompts]
 
-    Prompts are batched by length (right-padded; causal attention keeps padding out of real positions)
-    and returned in the original order.
+
+@torch.no_grad()
+def embed_prompts(model: torch.nn.Module, prompts: list[list[int]], batch_size: int, device: str | torch.device,
+                  pooling: str = "mean") -> torch.Tensor:
+    """L2-normalised pooled model.hidden(idx) over each prompt's tokens: float32 [N, C] on CPU.
+
+    pooling "mean": the plain mean; "idf": the mean weighted by idf_weights (a prompt whose tokens all
+    weigh 0 falls back to the plain mean). Prompts are batched by length (right-padded; causal attention
+    keeps padding out of real positions) and returned in the original order.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if pooling not in ("mean", "idf"):
+        raise ValueError(f"pooling must be mean or idf, not {pooling!r}")
     if len(prompts) == 0:
         raise ValueError("no prompts to embed")
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: nothing to embed")
+    token_w = idf_weights(prompts) if pooling == "idf" else [torch.ones(len(p)) for p in prompts]
+    token_w = [w if w.sum() > 0 else torch.ones_like(w) for w in token_w]
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     was_training = model.training
     model.eval()
@@ -115,10 +132,10 @@ def embed_prompts(model: torch.nn.Module, prompts: list[list[int]], batch_size: 
             ids = order[b0 : b0 + batch_size]
             t = max(len(prompts[i]) for i in ids)
             idx = torch.zeros(len(ids), t, dtype=torch.long)
-            mask = torch.zeros(len(ids), t, dtype=torch.float32)
+            mask = torch.zeros(len(ids), t, dtype=torch.float32)  # the pooling weight; 0 on padding
             for r, i in enumerate(ids):
                 idx[r, : len(prompts[i])] = torch.as_tensor(prompts[i], dtype=torch.long)
-                mask[r, : len(prompts[i])] = 1.0
+                mask[r, : len(prompts[i])] = token_w[i]
             h = model.hidden(idx.to(device)).float().cpu()  # [b, t, C]
             if h.dim() != 3 or h.shape[:2] != idx.shape:
                 raise ValueError(f"model.hidden returned shape {tuple(h.shape)}, expected [{len(ids)}, {t}, C]")
