@@ -1,8 +1,8 @@
 """Embedded preference pairs from the stdlib docstrings: a question about an object (the same
 templates the SFT model was trained on), chosen = its own docstring summary, rejected = the
-summary of another object. The negative is a hard one (same module, failing that the same group:
-top-level module or pydoc topics) or a random one, picked by stable hashes; the `negative`
-column says which."""
+summary of another object (`negatives` distinct ones per object, one pair each). A negative is a
+hard one (same module, failing that the same group: top-level module or pydoc topics) or a random
+one, picked by stable hashes; the `negative` column says which."""
 from __future__ import annotations
 
 import random
