@@ -11,6 +11,7 @@ from speedrun.adversarial import data as adv
 from speedrun.adversarial.reward import grpo_reward_fn
 from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, write_json, write_text
 from speedrun.reward.discriminator import load_discriminator
+from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
 
@@ -51,6 +52,7 @@ def main(
     policy, meta = load_model(init_dir, device, tok.digest)
     ref, _ = load_model(init_dir, device, tok.digest)
     disc, disc_meta = load_discriminator(disc_dir, device, tok.digest)
+    require_reward_signal(disc.head[-1].weight, None, str(disc_dir))
     if disc_meta.get("seq_len", seq_len) != seq_len:
         raise ValueError(f"{disc_dir} was trained on {disc_meta['seq_len']}-token windows, not --seq-len {seq_len}")
     # the threshold is a P(natural); with logit rewards compare the mean log-odds to its log-odds

@@ -12,6 +12,7 @@ from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
 from speedrun.rl.prompts import load_prompts, sampling_weights
+from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
 
@@ -35,6 +36,9 @@ def main(
     clip_eps: float = typer.Option(0.2, help="PPO-style ratio clip"),
     inner_updates: int = typer.Option(1, help="mu: gradient passes over each sampled batch"),
     adv_scale: str = typer.Option("group", help="group | batch | none (Dr. GRPO)"),
+    truncated: str = typer.Option("mask", help="completions that hit --max-new-tokens without the stop token: "
+                                               "mask (out of the loss; they still count in their group's "
+                                               "advantages) | keep"),
     density_k: int = typer.Option(10, help="neighbours for the density estimate"),
     density_alpha: float = typer.Option(1.0, help="weight ∝ distance^alpha"),
     density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
@@ -46,6 +50,8 @@ def main(
     out_dir: Path = typer.Option(Path("outs/grpo_density"), help="model.pt, meta.json, log.csv, weights.parquet"),
     metrics: Path = typer.Option(Path("reports/metrics/grpo_density.json"), help="metrics JSON"),
 ) -> None:
+    if truncated not in ("mask", "keep"):
+        raise typer.BadParameter(f"--truncated must be mask or keep, not {truncated!r}")
     dev = pick_device(device)
     seed_everything(seed)
     tok = tokenizer_lib.load(tokenizer_dir)
@@ -53,6 +59,7 @@ def main(
     policy, meta = load_model(sft_dir, dev, tok.digest)
     ref, _ = load_model(sft_dir, dev, tok.digest)
     rm = RewardModel.load(rm_dir, dev)
+    require_reward_signal(rm.head.weight, rm.reward_std, str(rm_dir))
     weights = sampling_weights(sampling, ref, ids, density_k, density_alpha, density_max_ratio, dev,
                                density_pooling)
     draws = torch.zeros(len(ids), dtype=torch.long)
@@ -65,7 +72,7 @@ def main(
     cfg = GRPOConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size,
                      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, lr=lr,
                      beta=beta, clip_eps=clip_eps, inner_updates=inner_updates, adv_scale=adv_scale, seed=seed,
-                     bf16=use_bf16(dtype, dev))
+                     bf16=use_bf16(dtype, dev), mask_truncated=truncated == "mask")
     ess = effective_sample_size(weights)
     print(f"grpo ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%}), "
           f"{dev} in {'bf16' if cfg.bf16 else 'fp32'}")
@@ -81,6 +88,8 @@ def main(
     m = {"sampling": sampling, "steps": len(log), "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
          "reward_end": round(float(log["reward_mean"][-k:].mean()), 4), "kl_end": round(float(log["kl"][-k:].mean()), 5),
          "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
+         "truncated_frac_end": round(float(log["truncated_frac"][-k:].mean()), 4),
+         "truncated": truncated,
          "weight_ess": round(ess, 1), "weight_ess_frac": round(ess / len(ids), 4),
          "group_share_entropy": round(share_entropy(shares_w), 4),
          "drawn_group_share_entropy": round(share_entropy(shares_d), 4),

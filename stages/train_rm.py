@@ -21,7 +21,9 @@ from speedrun.train.outputs import write_logs
 
 
 def main(
-    pairs: Path = typer.Option(Path("data/prompts/pairs.parquet"), help="pairs with prompt_id and train/eval split"),
+    pairs: list[Path] = typer.Option([Path("data/prompts/pairs.parquet"), Path("data/onpolicy/pairs.parquet")],
+                                     help="pair files with prompt_id and train/eval split, trained on as one "
+                                          "(repeat the option: dedup's pairs and the on-policy pairs)"),
     init_dir: Path = typer.Option(Path("outs/sft"), help="checkpoint whose trunk the RM starts from"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
     train_last_blocks: int = typer.Option(2, help="trunk blocks trained, counted from the top (0 = head only; "
@@ -57,11 +59,12 @@ def main(
     d = distributed.setup(pick_device(device))
     bf16 = use_bf16(dtype, d.device)
     tok = tokenizer_lib.load(tokenizer_dir)
-    df = pref.load_pairs(pairs)
+    df = pref.load_pairs(*pairs)
     split = pref.split_pairs(df, tok, max_len)
     (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["eval"]
     if not val["id"]:
-        raise ValueError(f"{pairs}: no usable 'eval' pairs to validate on (skipped: {val_skipped})")
+        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'eval' pairs to validate on "
+                         f"(skipped: {val_skipped})")
     n_val = len(val["id"])
     picked = sorted({i * n_val // eval_pairs for i in range(eval_pairs)}) if 0 < eval_pairs < n_val else range(n_val)
     val_periodic = {k: [v[i] for i in picked] for k, v in val.items()}

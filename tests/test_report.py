@@ -101,7 +101,11 @@ def test_deterministic_order_free_and_flat_metrics_numeric(samples, result):
     again = evaluate(shuffled, n_boot=N_BOOT)
     assert json.dumps(again, sort_keys=True) == json.dumps(result, sort_keys=True)
     flat = flat_metrics(result)
-    assert set(flat) == {"sft", "grpo_baseline", "grpo_density", "delta", "delta_ci_low", "delta_ci_high", "verdict"}
+    assert set(flat) == {"sft", "grpo_baseline", "grpo_density", "delta", "delta_ci_low", "delta_ci_high", "verdict",
+                         "grpo_baseline_vs_sft", "grpo_density_vs_sft"}
+    vs = result["vs_reference"]["grpo_density"]["reward"]  # each run against SFT, on the same paired draws
+    assert vs["value"] == pytest.approx(result["values"]["grpo_density"]["reward"] - result["values"]["sft"]["reward"])
+    assert vs["ci_low"] <= vs["value"] <= vs["ci_high"] and flat["grpo_density_vs_sft"]["reward"] == vs["value"]
     for group in flat.values():
         for value in group.values():
             assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -74,26 +74,34 @@ def left_pad(prompts: list[list[int]] | Tensor, pad_id: int, device: torch.devic
     return ids.to(device), key_mask.to(device)
 
 
-def _draw(logprobs: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+def _draw(logprobs: Tensor, temperature: float, generator: torch.Generator | None, u: Tensor | None = None) -> Tensor:
     """One token per row from exp(logprobs) by inverse CDF: one uniform per row (torch.multinomial draws one
-    exponential per vocabulary entry, 20x slower on CPU). Masked tokens (-inf) have zero width: never drawn."""
+    exponential per vocabulary entry, 20x slower on CPU), from `generator` unless given as u [rows].
+    Masked tokens (-inf) have zero width: never drawn."""
     if temperature == 0:
         return logprobs.argmax(-1)
     cdf = logprobs.exp().cumsum(-1)
-    gen_device = generator.device if generator is not None else cdf.device
-    u = torch.rand(cdf.size(0), 1, generator=generator, device=gen_device).to(cdf.device) * cdf[:, -1:]
+    if u is None:
+        gen_device = generator.device if generator is not None else cdf.device
+        u = torch.rand(cdf.size(0), generator=generator, device=gen_device)
+    u = u.to(cdf.device)[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.size(-1) - 1)
 
 
 @torch.no_grad()
 def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop_id: int | None = None,
-             pad_id: int = 0, generator: torch.Generator | None = None) -> Samples:
+             pad_id: int = 0, generator: torch.Generator | None = None, uniforms: Tensor | None = None) -> Samples:
     """Sample num_samples completions of up to max_new_tokens for every prompt (rows [i*num_samples, ...)
     belong to prompt i). A row ends at stop_id (kept, mask 1); the loop ends when every row has ended.
-    Draws use only `generator` (pass one on the model's device to avoid a copy per step)."""
+    Draws use only `generator` (pass one on the model's device to avoid a copy per step), or, if given,
+    uniforms [N, max_new_tokens] in [0, 1): row n's t-th token takes uniforms[n, t], so that a row's draws
+    do not depend on which other rows share its batch."""
     if num_samples < 1 or max_new_tokens < 0:
         raise ValueError(f"num_samples={num_samples} must be >= 1 and max_new_tokens={max_new_tokens} >= 0")
+    if uniforms is not None and tuple(uniforms.shape) != (len(prompts) * num_samples, max_new_tokens):
+        raise ValueError(f"uniforms must be [{len(prompts) * num_samples}, {max_new_tokens}], "
+                         f"not {tuple(uniforms.shape)}")
     device = next(model.parameters()).device
     ids, key_mask = left_pad(prompts, pad_id, device)
     bad = ((ids < 0) | (ids >= model.config.vocab_size)).any(1).nonzero()
@@ -118,7 +126,7 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
     alive = torch.ones(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
         lp = process_logits(last, temperature, top_k, top_p)
-        nxt = _draw(lp, temperature, generator)
+        nxt = _draw(lp, temperature, generator, None if uniforms is None else uniforms[rows.to(uniforms.device), t])
         live_rows = rows[alive]
         tokens[live_rows, t] = nxt[alive]
         logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]

@@ -250,6 +250,13 @@ def evaluate(samples: pd.DataFrame, pair: tuple[str, str] = ("grpo_density", "gr
     for m in order:
         lo, hi = interval(boot[m])
         ci[m] = {n: [float(lo[j]), float(hi[j])] for j, n in enumerate(names)}
+    # each trained model against the reference (did GRPO move it at all?), on the same paired draws
+    vs_reference = {}
+    for m in (o for o in order if reference in models and o != reference):
+        lo, hi = interval(boot[m] - boot[reference])
+        vs_reference[m] = {n: {"value": values[m][n] - values[reference][n], "ci_low": float(lo[j]),
+                               "ci_high": float(hi[j]), "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
+                           for j, n in enumerate(names)}
     seeds = sorted({s for _, s in cells})
     return {
         "models": order,
@@ -259,6 +266,7 @@ def evaluate(samples: pd.DataFrame, pair: tuple[str, str] = ("grpo_density", "gr
         "values": {m: {n: values[m][n] for n in names} for m in order},
         "ci": ci,
         "delta": delta,
+        "vs_reference": vs_reference,
         "setup": {"n_prompts": len(prompts), "seeds": [int(s) if isinstance(s, (int, np.integer)) else s for s in seeds],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
@@ -274,4 +282,8 @@ def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
     out["delta_ci_low"] = {n: d["ci_low"] for n, d in result["delta"].items()}
     out["delta_ci_high"] = {n: d["ci_high"] for n, d in result["delta"].items()}
     out["verdict"] = {n: code[d["verdict"]] for n, d in result["delta"].items() if d["verdict"] is not None}
+    for m, by_metric in result.get("vs_reference", {}).items():  # reward gained over the reference, per model
+        d = by_metric["reward"]
+        out[f"{m}_vs_{result['reference']}"] = {"reward": d["value"], "reward_ci_low": d["ci_low"],
+                                                 "reward_ci_high": d["ci_high"]}
     return out

@@ -254,6 +254,16 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
                   f"{_fmt('reward', result['values'][b]['reward'])}, \u0394 {_fmt('reward', d['value'], True)} "
                   f"[{_fmt('reward', d['ci_low'], True)}, {_fmt('reward', d['ci_high'], True)}]."]
 
+    if result.get("vs_reference"):
+        ref = result["reference"]
+        lines += ["", f"Against {ref} (paired, same draws): did GRPO move the reward at all?", "",
+                  f"| model | mean RM reward | \u0394 \u2212 {ref} | 95% CI | verdict |", "|---|---:|---:|---|---|"]
+        for m, by_metric in result["vs_reference"].items():
+            d = by_metric["reward"]
+            lines.append(f"| {m} | {_fmt('reward', result['values'][m]['reward'])} | "
+                         f"{_fmt('reward', d['value'], True)} | [{_fmt('reward', d['ci_low'], True)}, "
+                         f"{_fmt('reward', d['ci_high'], True)}] | {d['verdict']} |")
+
     lines += ["", "## Metrics"] + _metric_tables(result)
     lines += ["", f"![metrics per model with 95% intervals]({rel('metrics.png')})", "",
               f"![relative difference with 95% intervals]({rel('delta.png')})"]

@@ -97,20 +97,28 @@ def fit(prompt_ids: list[int], response_ids: list[int], max_len: int) -> tuple[l
     return prompt_ids + response_ids[:room - 1] + response_ids[-1:], True
 
 
-def load_pairs(path: Path) -> pd.DataFrame:
-    """data/prompts/pairs.parquet (pairs with prompt_id and the train/eval split of dedup_prompts)."""
-    df = pd.read_parquet(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
-                         "the RM reads the pairs of dedup_prompts (data/prompts/pairs.parquet)")
-    bad = ~df["split"].isin(["train", "eval"])
-    if bad.any():
-        i = int(bad.to_numpy().nonzero()[0][0])
-        raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not 'train' or 'eval'")
+def load_pairs(*paths: Path) -> pd.DataFrame:
+    """The union of pair files in the schema of data/prompts/pairs.parquet (pairs with prompt_id and the train/eval
+    split of dedup_prompts; data/onpolicy/pairs.parquet adds rejected_ids, the sampled ids of the rejected side)."""
+    frames = []
+    for path in paths:
+        df = pd.read_parquet(path)
+        missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+        if missing:
+            raise ValueError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
+                             "the RM reads the pairs of dedup_prompts (data/prompts/pairs.parquet)")
+        bad = ~df["split"].isin(["train", "eval"])
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not 'train' or 'eval'")
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     straddle = set(df.loc[df["split"] == "train", "prompt_id"]) & set(df.loc[df["split"] == "eval", "prompt_id"])
     if straddle:
-        raise ValueError(f"{path}: prompt_id {sorted(straddle)[0]} has both train and eval pairs")
+        raise ValueError(f"{', '.join(map(str, paths))}: prompt_id {sorted(straddle)[0]} has both train and eval pairs")
+    dup = df["id"].duplicated()
+    if dup.any():
+        raise ValueError(f"{', '.join(map(str, paths))}: pair id {df['id'][dup].iloc[0]} appears twice")
     return df
 
 
@@ -135,8 +143,11 @@ def render_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> tuple[dict[s
         if max_len - len(p) < MIN_RESPONSE_TOKENS:
             skipped["prompt_too_long"] += 1
             continue
-        (c, cut_c), (r, cut_r) = (fit(p, tok.encode(row[k]) + [tok.assistant_end_id], max_len)
-                                  for k in ("chosen", "rejected"))
+        c, cut_c = fit(p, tok.encode(row["chosen"]) + [tok.assistant_end_id], max_len)
+        sampled = row.get("rejected_ids")  # a policy sample: scored on its own ids, as GRPO scores it
+        r_ids = [int(t) for t in sampled] if sampled is not None and not isinstance(sampled, float) else \
+            tok.encode(row["rejected"]) + [tok.assistant_end_id]
+        r, cut_r = fit(p, r_ids, max_len)
         truncated += cut_c + cut_r
         if c == r:
             skipped["same_ids_after_truncation"] += 1

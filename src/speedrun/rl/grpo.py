@@ -131,3 +131,16 @@ def token_loss(
             "n_tokens": float(n),
         }
     return loss, stats
+
+
+def require_reward_signal(output_weight: torch.Tensor, reward_std: float | None, source: str) -> None:
+    """Refuse a reward model that scores every completion the same: its output layer is all zeros (the untrained
+    head) or its rewards have no spread. Every group-relative advantage would be 0 and GRPO would train nothing."""
+    if not bool(output_weight.detach().any()):
+        why = "its output layer is all zeros (the untrained head)"
+    elif reward_std is not None and not reward_std > 0:
+        why = f"its rewards have std {reward_std} over its validation responses"
+    else:
+        return
+    raise ValueError(f"{source}: constant reward model: {why}, so every GRPO advantage would be 0 and GRPO would "
+                     "train nothing. Retrain it (see its metrics: best_step, reward_std, val accuracy).")

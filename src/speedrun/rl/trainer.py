@@ -45,6 +45,7 @@ class GRPOConfig:
     reward_threshold: float = float("inf")  # stop once the step's mean reward reaches this
     patience: int = 0  # stop after this many steps without the reward moving average improving (0 = never)
     min_delta: float = 0.0
+    mask_truncated: bool = False  # completions that hit max_new_tokens without the stop token leave the loss
 
 
 @dataclass
@@ -79,13 +80,20 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
         check_finite(float(rewards.mean()), f"{name} reward", step)
         t_sample = time.perf_counter() - t0
         adv = group_advantages(rewards, cfg.group_size, scale=cfg.adv_scale).to(device)
+        # a truncated completion was scored mid-sentence; masking it (TRL's mask_truncated_completions) keeps it
+        # in its group's advantages but out of the gradient
+        truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
+            torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
+        loss_mask = s.mask * (~truncated)[:, None] if cfg.mask_truncated else s.mask
         policy.train()
-        for _ in range(cfg.inner_updates):
+        stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
+        for _ in range(cfg.inner_updates if loss_mask.any() else 0):  # every completion masked: no update
             for grp in opt.param_groups:
                 grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
             with autocast(device, cfg.bf16):
                 logp = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
-            loss, stats = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, s.mask, cfg.clip_eps, cfg.beta)
+            loss, stats = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
+                                     cfg.beta)
             check_finite(float(loss.detach()), f"{name} loss", step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -100,8 +108,10 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
                "logp_mean": float(masked_mean(s.logprobs, s.mask)),
                # the sampled tokens' mean surprisal: an unbiased estimate of the sampling entropy per token
                "entropy": float(-masked_mean(s.logprobs, s.mask)), "completion_len": float(lengths.mean()),
+               "truncated_frac": float(truncated.float().mean()),
                "clip_frac": stats["clip_frac"], "ratio_mean": stats["ratio_mean"], "grad_norm": grad_norm,
-               "tokens_per_s": n_tok / (time.perf_counter() - t0), "sample_frac_time": t_sample / (time.perf_counter() - t0)}
+               "tokens_per_s": n_tok / (time.perf_counter() - t0),
+               "sample_frac_time": t_sample / (time.perf_counter() - t0)}
         if extra_stats is not None:
             row.update(extra_stats(idx))
         log.append(row)

@@ -124,20 +124,21 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
     fingerprint = stable_hash(fingerprint, cfg, d.world)
     optimizer = make_optimizer(model, cfg)
     ddp_model = DDP(model) if d.world > 1 else model
-    start, log, evals, best, best_state, bad_evals, tokens = 0, [], [], math.inf, None, 0, 0
+    start, log, evals, best, best_seen, best_state, bad_evals, tokens = 0, [], [], math.inf, math.inf, None, 0, 0
     resume_path = Path(scratch) / "resume.pt" if scratch else None
     state = load_resume(resume_path, fingerprint) if resume_path else None
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start, log, evals, best, bad_evals, tokens = (state["step"], state["log"], state["evals"], state["best"],
-                                                      state["bad_evals"], state["tokens"])
+        start, log, evals, best, best_seen, bad_evals, tokens = (
+            state["step"], state["log"], state["evals"], state["best"], state["best_seen"], state["bad_evals"],
+            state["tokens"])
         best_state = state["best_state"]
         if d.is_main:
             print(f"{name}: resumed from {resume_path} at step {start}")
 
     def run_eval(step: int) -> bool:
-        nonlocal best, best_state, bad_evals
+        nonlocal best, best_seen, best_state, bad_evals
         model.eval()
         with torch.no_grad(), autocast(d.device, cfg.bf16):
             metrics = eval_fn(model)
@@ -147,11 +148,12 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         check_finite(value, cfg.monitor, step)
         if d.is_main:
             print(f"{name} step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        if value < best - cfg.min_delta:
-            best, bad_evals = value, 0
-            best_state = copy.deepcopy(model.state_dict())
-        else:
-            bad_evals += 1
+        # min_delta decides patience only; the best checkpoint is the lowest loss of the trained ones (step 0,
+        # the untrained model, is the curve's start: e.g. an RM's zero head, which scores everything the same)
+        bad_evals = 0 if value < best_seen - cfg.min_delta else bad_evals + 1
+        best_seen = min(best_seen, value)
+        if step > 0 and value < best:
+            best, best_state = value, copy.deepcopy(model.state_dict())
         return cfg.patience > 0 and bad_evals >= cfg.patience
 
     model.train()
@@ -193,9 +195,14 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         if resume_path and cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps and d.is_main:
             save_resume(resume_path, {"fingerprint": fingerprint, "model": model.state_dict(),
                                       "optimizer": optimizer.state_dict(), "step": step, "log": log, "evals": evals,
-                                      "best": best, "best_state": best_state, "bad_evals": bad_evals,
+                                      "best": best, "best_seen": best_seen, "best_state": best_state,
+                                      "bad_evals": bad_evals,
                                       "tokens": tokens})
     if resume_path and d.is_main and resume_path.exists():
         resume_path.unlink()  # finished: a later run with other settings must not pick it up
-    return TrainResult(best_state, next(e for e in evals if e[cfg.monitor] == best) if evals else {},
-                       step, stopped, tokens, train_seconds, log, evals)
+    trained = [e for e in evals if e["step"] > 0]
+    if not trained:  # no step taken (steps 0): the model as it came
+        return TrainResult(copy.deepcopy(model.state_dict()), evals[0] if evals else {}, step, stopped, tokens,
+                           train_seconds, log, evals)
+    best_eval = next(e for e in trained if e[cfg.monitor] == best)
+    return TrainResult(best_state, best_eval, step, stopped, tokens, train_seconds, log, evals)
