@@ -26,6 +26,11 @@ def main(
                                           "(repeat the option: dedup's pairs and the on-policy pairs)"),
     init_dir: Path = typer.Option(Path("outs/sft"), help="checkpoint whose trunk the RM starts from"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
+    pool: str = typer.Option("last", help="last: the head reads the last token | mean: the mean of per-token "
+                                          "scores over the response"),
+    train_kinds: str = typer.Option("sft_sample", help="comma list of the pair kinds trained on (sft_sample, hard, "
+                                                "random, hh, uf, se) or all; every kind of the eval split is "
+                                                "scored at the end, only these pick the best checkpoint"),
     train_last_blocks: int = typer.Option(2, help="trunk blocks trained, counted from the top (0 = head only; "
                                                   ">= depth = the whole trunk, embedding included)"),
     max_len: int = typer.Option(256, help="prompt+response tokens; longer responses are cut, keeping the last"),
@@ -62,19 +67,22 @@ def main(
     df = pref.load_pairs(*pairs)
     split = pref.split_pairs(df, tok, max_len)
     (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["eval"]
-    if not val["id"]:
-        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'eval' pairs to validate on "
-                         f"(skipped: {val_skipped})")
-    n_val = len(val["id"])
+    train_pairs, not_trained = pref.select_kinds(train_pairs, train_kinds)
+    val_trained, _ = pref.select_kinds(val, train_kinds)
+    if not train_pairs["id"] or not val_trained["id"]:
+        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'eval' pairs of kinds {train_kinds!r} "
+                         f"(train pairs left out by kind: {not_trained}; skipped: train {train_skipped}, "
+                         f"eval {val_skipped})")
+    n_val = len(val_trained["id"])
     picked = sorted({i * n_val // eval_pairs for i in range(eval_pairs)}) if 0 < eval_pairs < n_val else range(n_val)
-    val_periodic = {k: [v[i] for i in picked] for k, v in val.items()}
+    val_periodic = {k: [v[i] for i in picked] for k, v in val_trained.items()}
     seed_everything(seed)
     gpt, init_meta = load_model(init_dir, d.device, tok.digest)
     if d.is_main:  # does the SFT model itself give the right answer a higher likelihood? (what its trunk knows)
         with autocast(d.device, bf16):
             lm = pref.response_logprob(gpt, val["chosen"] + val["rejected"], val["prompt_len"] * 2, 32, d.device)
         sft_margin = lm[:len(val["id"])] - lm[len(val["id"]):]
-    rm = pref.RewardModel.from_gpt(gpt)
+    rm = pref.RewardModel.from_gpt(gpt, pool)
     del gpt
     rm.max_len = max_len
     pref.freeze(rm, train_last_blocks)
@@ -84,7 +92,8 @@ def main(
     sampler = StepSampler(len(train_pairs["id"]), batch_size, micro_batch, seed, "rm")
     n_trained = sum(p.numel() for p in rm.parameters() if p.requires_grad)
     if d.is_main:
-        print(f"rm: {len(train_pairs['id'])} train / {n_val} val pairs ({len(picked)} per periodic eval; "
+        print(f"rm: {len(train_pairs['id'])} train pairs of kinds {train_kinds} (left out: {not_trained}) / "
+              f"{len(val['id'])} val pairs ({len(picked)} of the trained kinds per periodic eval; "
               f"skipped train {train_skipped}, "
               f"eval {val_skipped}), training {n_trained / 1e6:.2f}M of {rm.trunk.num_params() / 1e6:.2f}M params "
               f"(last {train_last_blocks} blocks + head), {d.world} process(es) on {d.device} "
@@ -92,7 +101,7 @@ def main(
     result = train(rm, cfg, pref.pair_batch_fn(train_pairs, sampler, micro_tokens),
                    lambda m: pref.evaluate(m, val_periodic, 64, d.device)[0], d, scratch=scratch_dir,
                    fingerprint=f"rm|{tok.digest}|{init_meta}|{stable_hash(*train_pairs['id'])}|{max_len}|"
-                               f"{train_last_blocks}|{seed}|{batch_size}",
+                               f"{train_last_blocks}|{seed}|{batch_size}|{pool}|{train_kinds}",
                    loss_fn=pref.bt_loss_sum, name="rm")
     if d.is_main:
         rm.load_state_dict(result.best_state)
@@ -108,13 +117,16 @@ def main(
              "sft_logprob_acc": kinds["all"]["sft_logprob_acc"], "by_kind": kinds,
              "reward_mean": round(float(rewards.mean()), 6), "reward_std": round(float(rewards.std()), 6),
              "val_split": "eval", "train_pairs": len(train_pairs["id"]), "val_pairs": len(val["id"]),
+             "train_kinds": train_kinds, "train_pairs_left_out": not_trained,
              "skipped": {"train": train_skipped, "eval": val_skipped},
              "truncated_responses": {"train": train_cut, "eval": val_cut},
-             "train_last_blocks": train_last_blocks, "trained_params": n_trained, "steps": result.steps_done,
+             "pool": pool, "train_last_blocks": train_last_blocks, "trained_params": n_trained,
+             "steps": result.steps_done,
              "best_step": result.best_eval["step"], "stopped_early": result.stopped_early, "pairs_seen": result.tokens,
              "pairs_per_s": round(result.tokens / max(result.train_seconds, 1e-9), 1)}
         val_keys = ("val_acc", "val_margin", "val_loss", "baseline_acc", "sft_logprob_acc", "by_kind")
         meta = {"tokenizer": tok.digest, "step": result.steps_done, "init": str(init_dir), "max_len": max_len,
+                "pool": pool,
                 "train_last_blocks": train_last_blocks, "reward_mean": m["reward_mean"],
                 "reward_std": m["reward_std"], "val": {k: m[k] for k in val_keys}}
         if m["best_step"] == 0:

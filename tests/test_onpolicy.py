@@ -1,6 +1,7 @@
 """On-policy rejected answers (stage onpolicy_pairs), the RM training on them, and the rules that keep a constant
 reward model out of GRPO: the best checkpoint is a trained one, and GRPO refuses an RM that scores all the same."""
 import json
+import os
 import subprocess
 import sys
 
@@ -84,7 +85,21 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
     m = json.loads((tmp_path / "rm/rm.json").read_text())
     assert set(m["by_kind"]) == {"all", "hard", "random", onpolicy.KIND}
     assert m["train_pairs"] > len(both[(both["split"] == "train") & (both["negative"] != onpolicy.KIND)])
-    assert m["best_step"] > 0 and m["reward_std"] > 0
+    assert m["best_step"] > 0 and m["reward_std"] > 0 and m["train_pairs_left_out"] == {}
+
+    # trained on the on-policy kind alone: the other kinds are left out of training (counted), still scored
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only"), "--pairs",
+               str(tmp_path / "on/pairs.parquet"), "--train-kinds", onpolicy.KIND)
+    only = json.loads((tmp_path / "only/rm.json").read_text())
+    train = both[both["split"] == "train"]
+    assert only["train_pairs"] == (train["negative"] == onpolicy.KIND).sum()
+    assert only["train_pairs_left_out"] == {k: int(n) for k, n in train["negative"].value_counts().items()
+                                            if k != onpolicy.KIND}
+    assert set(only["by_kind"]) == set(m["by_kind"]) and only["val_pairs"] == m["val_pairs"]
+    proc = subprocess.run([sys.executable, "-m", "stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "none"),
+                           "--train-kinds", "uf"], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1"))
+    assert proc.returncode != 0 and "no usable 'train' and 'eval' pairs of kinds 'uf'" in proc.stderr
 
 
 def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
@@ -129,7 +144,8 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
     proc = subprocess.run([sys.executable, "-m", "stages.grpo", "--sft-dir", str(root / "sft"), "--rm-dir",
                            str(tmp_path / "rm0"), "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "--prompts",
                            str(tmp_path / "p/prompts.parquet"), "--steps", "1", "--out-dir", str(tmp_path / "g"),
-                           "--metrics", str(tmp_path / "g.json")], cwd=REPO, capture_output=True, text=True)
+                           "--metrics", str(tmp_path / "g.json")], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1"))
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and str(tmp_path / "rm0") in proc.stderr
     assert not (tmp_path / "g").exists()
     # the adversarial discriminator: an untrained (zero) output layer is refused the same way
@@ -140,7 +156,8 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
     proc = subprocess.run([sys.executable, "-m", "stages.adv_grpo", "--cycle", "1", "--init-dir", str(root / "sft"),
                            "--disc-dir", str(tmp_path / "disc0"), "--corpus-dir", str(tiny_corpus / "corpus"),
                            "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "--seq-len", "16", "--steps", "1",
-                           "--out-dir", str(tmp_path / "adv")], cwd=REPO, capture_output=True, text=True)
+                           "--out-dir", str(tmp_path / "adv")], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1"))
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and "disc0" in proc.stderr
     with pytest.raises(ValueError, match="rewards have std 0.0"):
         require_reward_signal(torch.ones(3), 0.0, "rm")

@@ -14,6 +14,7 @@ MICRO_DAG = {
     "sft.steps": 4, "sft.batch_size": 4, "sft.eval_every": 2, "sft.eval_convs": 8, "sft.warmup_steps": 1,
     "sft.per_object": 1, "sft.max_len": 64, "sft.save_every": 0,
     "pairs.limit_per_source": 300, "pairs.embedded_negatives": 2,
+    "onpolicy.samples_per_prompt": 1, "onpolicy.max_new_tokens": 8,
     "rm.eval_pairs": 16, "rm.steps": 4, "rm.batch_size": 4, "rm.eval_every": 2, "rm.max_len": 64, "rm.warmup_steps": 1,
     "rm.save_every": 0,
     "grpo.steps": 2, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.max_new_tokens": 8,
@@ -48,7 +49,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
     out = dvc(repo, "repro")
     stages = ran(out)
-    for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "train_rm",
+    for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
               "grpo@density", "grpo@baseline", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
               "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval"]:
         assert s in stages, (s, sorted(stages))
@@ -61,13 +62,13 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     assert ran(dvc(repo, "repro")) == set()
 
     # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
-    artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "outs/rm/model.pt", "outs/grpo_density/model.pt",
-                 "outs/grpo_baseline/model.pt", "reports/metrics/diversity.json", "data/adv/cycle_1/train.parquet",
-                 "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
+    artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "data/onpolicy/pairs.parquet", "outs/rm/model.pt",
+                 "outs/grpo_density/model.pt", "outs/grpo_baseline/model.pt", "reports/metrics/diversity.json",
+                 "data/adv/cycle_1/train.parquet", "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
     digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
     first = digest()
-    for stage in ["pretrain", "sft", "train_rm", "grpo@density", "grpo@baseline", "eval_diversity", "adv_data@1",
-                  "adv_rm@1", "adv_grpo@1"]:
+    for stage in ["pretrain", "sft", "onpolicy_pairs", "train_rm", "grpo@density", "grpo@baseline", "eval_diversity",
+                  "adv_data@1", "adv_rm@1", "adv_grpo@1"]:
         dvc(repo, "repro", "-f", "-s", stage)
     assert digest() == first
 
@@ -79,7 +80,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     out = dvc(repo, "exp", "run", "-n", "beta-0.1", "-S", "beta=0.1")
     stages = ran(out)
     assert {"grpo@density", "grpo@baseline", "eval_diversity"} <= stages
-    assert not stages & {"corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "train_rm"}
+    assert not stages & {"corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
+                         "train_rm"}
     diff = dvc(repo, "exp", "diff", "HEAD", "beta-0.1")
     assert "beta" in diff and "reports/metrics/grpo_" in diff  # (micro diversity metrics may not move)
     assert "reports/metrics/grpo_" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")

@@ -179,3 +179,14 @@ def test_rm_summary_flags_a_constant_or_chance_reward_model(tmp_path, acc, std, 
     assert f"{acc:.3f}" in line
     for word in ("constant", "near chance"):
         assert (word in line) == (word == flag)
+
+
+def test_rm_summary_lists_the_accuracy_of_every_kind(tmp_path):
+    from stages.eval_diversity import rm_summary
+    kinds = {"all": {"acc": 0.7, "baseline_acc": 0.8, "pairs": 30}, "hard": {"acc": 0.5, "baseline_acc": 0.7,
+                                                                            "pairs": 10},
+             "sft_sample": {"acc": 0.8, "baseline_acc": 0.85, "pairs": 20}}
+    (tmp_path / "meta.json").write_text(json.dumps(
+        {"reward_mean": 0.0, "reward_std": 1.0, "val": {"val_acc": 0.7, "baseline_acc": 0.8, "by_kind": kinds}}))
+    line = rm_summary(tmp_path)
+    assert "hard 0.500 (baseline 0.700, 10 pairs)" in line and "sft_sample 0.800 (baseline 0.850, 20 pairs)" in line

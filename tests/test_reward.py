@@ -49,22 +49,37 @@ def test_score_reads_last_real_token_right_and_left_padded():
     h = rm.trunk.hidden(torch.tensor([rows[0]]))
     assert torch.allclose(alone[0], rm.head(h[0, -1]).squeeze(), atol=1e-6)
     assert not torch.allclose(alone[0], rm.head(h[0, -2]).squeeze(), atol=1e-3)
-    assert all(torch.equal(pref.score_ids(rm, rows, batch_size=bs), pref.score_ids(rm, rows, batch_size=bs))
+    starts = [1] * len(rows)
+    assert all(torch.equal(pref.score_ids(rm, rows, starts, batch_size=bs), pref.score_ids(rm, rows, starts,
+                                                                                           batch_size=bs))
                for bs in (1, 2))
-    assert torch.allclose(pref.score_ids(rm, rows, batch_size=2), alone, atol=1e-5)
+    assert torch.allclose(pref.score_ids(rm, rows, starts, batch_size=2), alone, atol=1e-5)
+
+
+def test_mean_pool_averages_the_response_tokens_scores_under_any_padding():
+    rm = tiny_rm()
+    rm.pool = "mean"
+    rows, starts = [[1, 5, 7, 9, 2], [1, 3, 4], [1, 4, 4, 8, 8, 8, 6, 2, 11]], [2, 1, 5]
+    by_hand = torch.stack([rm.head(rm.trunk.hidden(torch.tensor([r]))[0, s:]).mean() for r, s in zip(rows, starts)])
+    assert torch.allclose(pref.score_ids(rm, rows, starts, batch_size=3), by_hand, atol=1e-5)
+    ids, mask = pref.pad_rows(rows, pad=0)
+    assert torch.allclose(rm.score(ids, mask, torch.tensor(starts)), by_hand, atol=1e-5)
+    with pytest.raises(ValueError, match="needs the response start"):
+        rm.score(ids, mask)
 
 
 def toy_pairs(n: int, seed: int) -> dict[str, list]:
     """Separable: the chosen response contains token 30 somewhere, the rejected one token 31 instead;
     lengths and the other tokens are random."""
     g = torch.Generator().manual_seed(seed)
-    out = {"chosen": [], "rejected": [], "kind": []}
+    out = {"chosen": [], "rejected": [], "kind": [], "prompt_len": []}
     for i in range(n):
         body = torch.randint(2, 28, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
         at = int(torch.randint(0, len(body), (1,), generator=g))
         out["chosen"].append([1] + body[:at] + [30] + body[at:] + [29])
         out["rejected"].append([1] + body[:at] + [31] + body[at:] + [29])
         out["kind"].append("hard" if i % 2 else "random")
+        out["prompt_len"].append(1)
     return out
 
 
@@ -163,7 +178,7 @@ def rm_args(tiny_corpus, root, out, *extra):
             str(tiny_corpus / "tokenizer"), "--max-len", "96", "--steps", "6", "--batch-size", "8",
             "--warmup-steps", "2", "--eval-every", "3", "--eval-pairs", "24", "--train-last-blocks", "1",
             "--lr", "0.01", "--scratch-dir", str(out / "scratch"), "--out-dir", str(out / "rm"),
-            "--metrics", str(out / "rm.json"), *extra]
+            "--metrics", str(out / "rm.json"), "--train-kinds", "all", *extra]
 
 
 def test_eval_split_pairs_never_reach_training_batches(rm_inputs):
@@ -227,3 +242,28 @@ def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_pa
     std = pref.score_conversations(rm, tok, msgs, texts, batch_size=2, standardise=True)
     assert torch.allclose(std, (by_text - rm.reward_mean) / rm.reward_std)
     assert abs(float(by_text[0]) - float(m["reward_mean"])) < 10 * m["reward_std"]
+
+
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool):
+    """score_samples (GRPO: left-padded prompts + sampled rows, the batch cut to its last max_len columns) gives the
+    rewards of each prompt + completion scored alone, for both pools."""
+    from speedrun.engine import generate
+    from speedrun.rl.rewards import score_samples
+
+    rm = tiny_rm(3)
+    rm.pool, rm.max_len = pool, 9
+    torch.manual_seed(0)
+    policy = GPT(rm.config)
+    torch.nn.init.normal_(policy.lm_head.weight, std=0.5)
+    prompts = [[1, 5, 7], [1, 3], [1, 4, 4, 8, 9]]
+    s = generate(policy, prompts, 2, 6, stop_id=2, pad_id=0, generator=torch.Generator().manual_seed(0))
+    got = score_samples(rm, prompts, s, pad_id=0, standardise=False)
+    P, T = max(map(len, prompts)), s.tokens.size(1)
+    cut = P + T - rm.max_len  # leftmost columns dropped from the whole batch
+    assert cut > 0
+    want = []
+    for p, row, m in zip(s.prompt_index.tolist(), s.tokens, s.mask):
+        kept = prompts[p][max(0, cut - (P - len(prompts[p]))):]
+        want.append(pref.score_ids(rm, [kept + row[m > 0].tolist()], [len(kept)])[0])
+    assert torch.allclose(got, torch.stack(want), atol=1e-5)

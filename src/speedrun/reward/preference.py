@@ -27,12 +27,19 @@ MIN_RESPONSE_TOKENS = 16  # a pair whose prompt leaves less room than this is sk
 REQUIRED_COLUMNS = ("id", "prompt_id", "split", "src", "prompt", "chosen", "rejected")
 
 
-class RewardModel(nn.Module):
-    """GPT trunk (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std` standardise rewards."""
+POOLS = ("last", "mean")
 
-    def __init__(self, config: GPTConfig):
+
+class RewardModel(nn.Module):
+    """GPT trunk (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std` standardise rewards.
+    pool "last": the head reads the last real token; "mean": the mean of the head's per-token scores over the
+    response tokens (each token's evidence adds up, as in the adversarial discriminator's token head)."""
+
+    def __init__(self, config: GPTConfig, pool: str = "last"):
         super().__init__()
-        self.config = config
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
+        self.config, self.pool = config, pool
         self.trunk = GPT(config)
         self.trunk.lm_head = None  # the reward reads hidden states, never vocabulary logits
         self.head = nn.Linear(config.n_embd, 1, bias=False)  # a bias cancels in r_chosen - r_rejected
@@ -40,8 +47,8 @@ class RewardModel(nn.Module):
         self.reward_mean, self.reward_std, self.max_len = 0.0, 1.0, config.seq_len
 
     @classmethod
-    def from_gpt(cls, gpt: GPT) -> RewardModel:
-        rm = cls(gpt.config)
+    def from_gpt(cls, gpt: GPT, pool: str = "last") -> RewardModel:
+        rm = cls(gpt.config, pool)
         state = {k: v for k, v in gpt.state_dict().items() if not k.startswith("lm_head.")}
         rm.trunk.load_state_dict(state)
         return rm.to(next(gpt.parameters()).device)
@@ -52,25 +59,33 @@ class RewardModel(nn.Module):
         meta = read_json(Path(rm_dir) / "meta.json")
         if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
             raise ValueError(f"{rm_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
-        rm = cls(GPTConfig(**meta["config"]))
+        rm = cls(GPTConfig(**meta["config"]), meta.get("pool", "last"))
         rm.load_state_dict(torch_load(Path(rm_dir) / "model.pt"))
         rm.reward_mean, rm.reward_std = float(meta["reward_mean"]), float(meta["reward_std"])
         rm.max_len = int(meta.get("max_len", rm.config.seq_len))
         return rm.to(device).eval()
 
-    def forward(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Raw reward [B] (fp32) of the last real token of each row; rows may be right- or left-padded
-        (key_mask False on pads). Training calls the module itself so that DDP sees the forward."""
+    def forward(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
+        """Raw reward [B] (fp32) of each row; rows may be right- or left-padded (key_mask False on pads).
+        start [B]: the index of each row's first response token (needed by pool "mean"). Training calls the
+        module itself so that DDP sees the forward."""
         h = self.trunk.hidden(ids, key_mask=key_mask)
         T = ids.size(1)
+        if self.pool == "mean":
+            if start is None:
+                raise ValueError("pool 'mean' needs the response start of every row")
+            sel = torch.arange(T, device=ids.device)[None] >= start.to(ids.device)[:, None]
+            sel = sel & key_mask if key_mask is not None else sel
+            per_token = self.head(h).squeeze(-1).float()
+            return (per_token * sel).sum(1) / sel.sum(1).clamp(min=1)
         if key_mask is None:
             last = torch.full((ids.size(0),), T - 1, device=ids.device)
         else:
             last = (key_mask.long() * torch.arange(1, T + 1, device=ids.device)).argmax(1)  # highest real index
         return self.head(h[torch.arange(ids.size(0), device=ids.device), last]).squeeze(-1).float()
 
-    def score(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        return self(ids, key_mask)
+    def score(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
+        return self(ids, key_mask, start)
 
     def standardise(self, rewards: Tensor) -> Tensor:
         return (rewards - self.reward_mean) / max(self.reward_std, 1e-6)  # a constant RM has std 0
@@ -165,6 +180,17 @@ def split_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> dict[str, tup
     return {split: render_pairs(df[df["split"] == split], tok, max_len) for split in ("train", "eval")}
 
 
+def select_kinds(pairs: dict[str, list], kinds: str) -> tuple[dict[str, list], dict[str, int]]:
+    """The rendered pairs whose kind is in the comma list `kinds` ("all": every pair), and the count left out per
+    kind."""
+    if kinds == "all":
+        return pairs, {}
+    wanted = {k.strip() for k in kinds.split(",") if k.strip()}
+    keep = [i for i, k in enumerate(pairs["kind"]) if k in wanted]
+    left_out = Counter(k for k in pairs["kind"] if k not in wanted)
+    return {c: [v[i] for i in keep] for c, v in pairs.items()}, dict(sorted(left_out.items()))
+
+
 def pad_rows(rows: Sequence[list[int]], pad: int = 0, left: bool = False) -> tuple[Tensor, Tensor]:
     """(ids [N, T], key_mask [N, T]) with pads (False in the mask) on the right, or on the left."""
     T = max(len(r) for r in rows)
@@ -177,15 +203,17 @@ def pad_rows(rows: Sequence[list[int]], pad: int = 0, left: bool = False) -> tup
     return ids, mask
 
 
-def pair_batch(chosen: Sequence[list[int]], rejected: Sequence[list[int]]) -> tuple[Tensor, Tensor]:
-    """x [2B, T]: chosen rows then rejected rows, -1 on pads; y [B] of ones (one target per pair)."""
+def pair_batch(chosen: Sequence[list[int]], rejected: Sequence[list[int]], prompt_lens: Sequence[int]
+               ) -> tuple[Tensor, Tensor]:
+    """x [2B, T]: chosen rows then rejected rows, -1 on pads; y [B]: one target per pair, the pair's prompt length
+    (where its responses start)."""
     ids, mask = pad_rows(list(chosen) + list(rejected))
-    return ids.masked_fill(~mask, -1), torch.ones(len(chosen), dtype=torch.long)
+    return ids.masked_fill(~mask, -1), torch.tensor(list(prompt_lens), dtype=torch.long)
 
 
 def bt_loss_sum(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """Bradley-Terry loss summed over the pairs of a pair_batch (the loop divides by the pair count)."""
-    r = model(x.clamp(min=0), x >= 0)
+    r = model(x.clamp(min=0), x >= 0, y.clamp(min=0).repeat(2))
     margin = r[:y.numel()] - r[y.numel():]
     return -(F.logsigmoid(margin) * (y != -1)).sum()
 
@@ -199,22 +227,24 @@ def pair_batch_fn(pairs: dict[str, list], sampler: StepSampler, micro_tokens: in
         groups = sampler.items(step, rank, world)
         if micro_tokens:
             groups = [g for ids in groups for g in by_length(ids, size, micro_tokens, rows_per_item=2)]
-        return [pair_batch([pairs["chosen"][i] for i in ids], [pairs["rejected"][i] for i in ids])
-                for ids in groups]
+        return [pair_batch([pairs["chosen"][i] for i in ids], [pairs["rejected"][i] for i in ids],
+                           [pairs["prompt_len"][i] for i in ids]) for ids in groups]
     return batch_fn
 
 
 # ---- scoring ----
 
 @torch.no_grad()
-def score_ids(rm: RewardModel, rows: Sequence[list[int]], batch_size: int = 64, device: str = "cpu") -> Tensor:
-    """Raw rewards [N] (CPU fp32) of rendered sequences, in input order; batched by length to pad little."""
+def score_ids(rm: RewardModel, rows: Sequence[list[int]], starts: Sequence[int], batch_size: int = 64,
+              device: str = "cpu") -> Tensor:
+    """Raw rewards [N] (CPU fp32) of rendered sequences whose responses begin at starts, in input order; batched
+    by length to pad little."""
     order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))
     out = torch.empty(len(rows))
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
         ids, mask = pad_rows([rows[i] for i in idx])
-        out[idx] = rm(ids.to(device), mask.to(device)).cpu()
+        out[idx] = rm(ids.to(device), mask.to(device), torch.tensor([starts[i] for i in idx])).cpu()
     return out
 
 
@@ -226,12 +256,13 @@ def score_conversations(rm: RewardModel, tok: Tokenizer, prompts: Sequence[list[
     what it sampled, <|assistant_end|> included when the sample stopped)."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-    rows = []
+    rows, starts = [], []
     for p, r in zip(prompts, responses):
         p_ids = list(p) if not p or not isinstance(p[0], dict) else tok.render_prompt(list(p))
         r_ids = tok.encode(r) + [tok.assistant_end_id] if isinstance(r, str) else list(r)
         rows.append(fit(p_ids, r_ids, rm.max_len)[0])
-    rewards = score_ids(rm, rows, batch_size, device)
+        starts.append(len(p_ids))
+    rewards = score_ids(rm, rows, starts, batch_size, device)
     return rm.standardise(rewards) if standardise else rewards
 
 
@@ -267,7 +298,7 @@ def evaluate(rm: RewardModel, pairs: dict[str, list], batch_size: int = 64, devi
     if not rm.head.weight.any():  # the untrained zero head scores everything 0: no forward pass needed
         r = torch.zeros(2 * len(pairs["chosen"]))
     else:
-        r = score_ids(rm, pairs["chosen"] + pairs["rejected"], batch_size, device)
+        r = score_ids(rm, pairs["chosen"] + pairs["rejected"], pairs["prompt_len"] * 2, batch_size, device)
     rc, rr = r[:len(pairs["chosen"])], r[len(pairs["chosen"]):]
     return pair_metrics(rc, rr, pairs["kind"]), rc, rr
 

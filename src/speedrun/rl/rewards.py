@@ -15,10 +15,12 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     device = samples.tokens.device
     p_ids, p_mask = left_pad(prompts, pad_id, device)
     out = []
+    width = p_ids.size(1) + samples.tokens.size(1)
+    start = torch.tensor(max(p_ids.size(1) - max(width - rm.max_len, 0), 0))  # the completion's first column
     for i in range(0, len(samples.tokens), batch_size):
         rows = samples.prompt_index[i:i + batch_size]
         ids = torch.cat([p_ids[rows], samples.tokens[i:i + batch_size]], dim=1)
         mask = torch.cat([p_mask[rows], samples.mask[i:i + batch_size] > 0], dim=1)
-        out.append(rm.score(ids[:, -rm.max_len:], mask[:, -rm.max_len:]).float().cpu())
+        out.append(rm.score(ids[:, -rm.max_len:], mask[:, -rm.max_len:], start.expand(len(rows))).float().cpu())
     r = torch.cat(out)
     return rm.standardise(r) if standardise else r

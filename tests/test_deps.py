@@ -1,0 +1,74 @@
+"""dvc.yaml lists, for every stage, the code it runs: its stage script and every module of `speedrun` that script
+imports, directly or through other modules. A missing one would let DVC call a stale artifact up to date."""
+import ast
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO
+
+SRC = REPO / "src"
+
+
+def module_file(name: str) -> Path | None:
+    """The file of a dotted module name under src/ or the repo root (stages.*), or None if it is not ours."""
+    for root in (SRC, REPO):
+        base = root.joinpath(*name.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+    return None
+
+
+def imported_files(path: Path) -> set[Path]:
+    """Our modules imported by one file (`from speedrun.x import y` also counts speedrun/x/y.py if y is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name.split(".")[0] in ("speedrun", "stages") and (f := module_file(name)):
+                out.add(f)
+    return out
+
+
+def transitive(path: Path) -> set[Path]:
+    seen, todo = set(), [path]
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(imported_files(f))
+    return {f for f in seen if f.name != "__init__.py" or has_code(f)}
+
+
+def has_code(path: Path) -> bool:
+    """A package __init__ holding only its docstring runs nothing a stage depends on."""
+    body = ast.parse(path.read_text()).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
+
+
+def stage_specs() -> dict[str, dict]:
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    return {name: spec.get("do", spec) for name, spec in stages.items()}
+
+
+def test_every_stage_declares_the_code_it_imports():
+    missing = []
+    for name, spec in stage_specs().items():
+        cmd = " ".join(spec["cmd"].split())
+        script = module_file(cmd.split("python -m ")[1].split()[0])
+        deps = [REPO / d for d in spec.get("deps", []) if "${" not in d]
+        for f in sorted(transitive(script)):
+            if not any(f == d or d in f.parents for d in deps):
+                missing.append(f"stage {name}: {f.relative_to(REPO)} is imported but not in its deps")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_checker_sees_indirect_imports():
+    files = {f.relative_to(REPO).as_posix() for f in transitive(REPO / "stages/grpo.py")}
+    # stages/grpo.py -> speedrun.rl.trainer -> speedrun.engine -> speedrun.model
+    assert {"stages/grpo.py", "src/speedrun/rl/trainer.py", "src/speedrun/engine.py", "src/speedrun/model.py"} <= files
