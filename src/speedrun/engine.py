@@ -9,6 +9,7 @@ truncated distribution that was actually sampled from.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -91,12 +92,14 @@ def _draw(logprobs: Tensor, temperature: float, generator: torch.Generator | Non
 @torch.no_grad()
 def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop_id: int | None = None,
-             pad_id: int = 0, generator: torch.Generator | None = None, uniforms: Tensor | None = None) -> Samples:
+             pad_id: int = 0, generator: torch.Generator | None = None, uniforms: Tensor | None = None,
+             on_token: Callable[[Tensor, Tensor], None] | None = None) -> Samples:
     """Sample num_samples completions of up to max_new_tokens for every prompt (rows [i*num_samples, ...)
     belong to prompt i). A row ends at stop_id (kept, mask 1); the loop ends when every row has ended.
     Draws use only `generator` (pass one on the model's device to avoid a copy per step), or, if given,
     uniforms [N, max_new_tokens] in [0, 1): row n's t-th token takes uniforms[n, t], so that a row's draws
-    do not depend on which other rows share its batch."""
+    do not depend on which other rows share its batch. on_token(rows, tokens) sees each step's new tokens as
+    they are drawn (streaming): the output rows still alive and their tokens."""
     if num_samples < 1 or max_new_tokens < 0:
         raise ValueError(f"num_samples={num_samples} must be >= 1 and max_new_tokens={max_new_tokens} >= 0")
     if uniforms is not None and tuple(uniforms.shape) != (len(prompts) * num_samples, max_new_tokens):
@@ -126,11 +129,14 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
     alive = torch.ones(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
         lp = process_logits(last, temperature, top_k, top_p)
-        nxt = _draw(lp, temperature, generator, None if uniforms is None else uniforms[rows.to(uniforms.device), t])
+        u = None if uniforms is None else uniforms[rows.to(uniforms.device), t]
+        nxt = _draw(lp, temperature, generator, u)
         live_rows = rows[alive]
         tokens[live_rows, t] = nxt[alive]
         logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]
         mask[live_rows, t] = 1.0
+        if on_token is not None:
+            on_token(live_rows, nxt[alive])
         if t == max_new_tokens - 1:
             break
         if stop_id is not None:
