@@ -309,14 +309,16 @@ def response_logprob(gpt: GPT, rows: Sequence[list[int]], prompt_lens: Sequence[
     """Summed log-probability [N] of each row's response tokens (<|assistant_end|> included) given its prompt,
     under a language model: log p(chosen) > log p(rejected) says whether the SFT model itself knows which
     answer is right, the knowledge an RM built on its trunk can read out."""
+    order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))  # batched by length: little padding
     out = torch.empty(len(rows))
-    for s in range(0, len(rows), batch_size):
-        ids, mask = pad_rows(rows[s:s + batch_size])
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        ids, mask = pad_rows([rows[i] for i in idx])
         ids, mask = ids.to(device), mask.to(device)
         logp = torch.log_softmax(gpt(ids, key_mask=mask)[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         pos = torch.arange(1, ids.size(1), device=device)[None]
-        lens = torch.tensor(prompt_lens[s:s + batch_size], device=device)[:, None]
-        out[s:s + batch_size] = (logp * ((pos >= lens) & mask[:, 1:])).sum(1).cpu()
+        lens = torch.tensor([prompt_lens[i] for i in idx], device=device)[:, None]
+        out[idx] = (logp * ((pos >= lens) & mask[:, 1:])).sum(1).cpu()
     return out
 
 
