@@ -2,6 +2,8 @@
 import hashlib
 import json
 
+import yaml
+
 from conftest import dvc, git, make_pipeline_repo, set_params
 
 MICRO = {"corpus.max_docs": 600, "tokenizer.vocab_size": 512}
@@ -60,6 +62,13 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()
+    # every declared per-step curve renders from the run's own logs
+    plots = json.loads(dvc(repo, "plots", "show", "--json"))["data"]
+    declared = [next(iter(p)) for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
+    assert set(plots) == set(declared) and {"grpo_reward", "grpo_kl", "rm_loss", "adv_policy_reward"} <= set(plots)
+    for name, rendered in plots.items():
+        assert [r["type"] for r in rendered] == ["vega"] and not rendered[0].get("errors"), name
+        assert rendered[0]["content"]["data"]["values"], name
 
     # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
     artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "data/onpolicy/pairs.parquet", "outs/rm/model.pt",
