@@ -36,9 +36,9 @@ def main(
     clip_eps: float = typer.Option(0.2, help="PPO-style ratio clip"),
     inner_updates: int = typer.Option(1, help="mu: gradient passes over each sampled batch"),
     adv_scale: str = typer.Option("group", help="group | batch | none (Dr. GRPO)"),
-    truncated: str = typer.Option("mask", help="completions that hit --max-new-tokens without the stop token: "
-                                               "mask (out of the loss; they still count in their group's "
-                                               "advantages) | keep"),
+    truncated: str = typer.Option("keep", help="completions that hit --max-new-tokens without the stop token: "
+                                               "keep (in the loss) | mask (out of the loss; they still count in "
+                                               "their group's advantages)"),
     density_k: int = typer.Option(10, help="neighbours for the density estimate"),
     density_alpha: float = typer.Option(1.0, help="weight ∝ distance^alpha"),
     density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
