@@ -22,9 +22,17 @@ def onpolicy_args(tiny_corpus, root, out, *extra):
             "--batch-prompts", "16", "--out-dir", str(out), *extra]
 
 
-def test_stage_schema_ids_and_byte_identical_rerun(tiny_corpus, rm_inputs, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def onpolicy_out(tiny_corpus, rm_inputs, tmp_path_factory):  # noqa: F811
+    """data/onpolicy of the test pairs: K = 2 samples of 8 tokens per prompt."""
+    out = tmp_path_factory.mktemp("onpolicy")
+    run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, rm_inputs[0], out))
+    return out
+
+
+def test_stage_schema_ids_and_byte_identical_rerun(tiny_corpus, rm_inputs, onpolicy_out, tmp_path):  # noqa: F811
     root, tok = rm_inputs
-    run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, root, tmp_path / "a"))
+    (tmp_path / "a").symlink_to(onpolicy_out)
     run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, root, tmp_path / "b"))
     assert (tmp_path / "a/pairs.parquet").read_bytes() == (tmp_path / "b/pairs.parquet").read_bytes()
     src = pq.read_schema(root / "pairs.parquet")
@@ -69,9 +77,10 @@ def test_a_prompts_samples_depend_on_its_id_only(tiny_corpus, rm_inputs):  # noq
     assert other_seed != some
 
 
-def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, tmp_path):  # noqa: F811
+def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, onpolicy_out,  # noqa: F811
+                                                        tmp_path):
     root, tok = rm_inputs
-    run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, root, tmp_path / "on"))
+    (tmp_path / "on").symlink_to(onpolicy_out)
     both = pref.load_pairs(root / "pairs.parquet", tmp_path / "on/pairs.parquet")
     rendered, _, _ = pref.render_pairs(both[both["negative"] == onpolicy.KIND].head(3), tok, 96)
     for row, r in zip(both[both["negative"] == onpolicy.KIND].head(3).to_dict("records"), rendered["rejected"]):
