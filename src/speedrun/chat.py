@@ -20,7 +20,7 @@ from speedrun.common import pick_device, stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
 from speedrun.tokenizer import Tokenizer
-from speedrun.train.checkpoint import load_meta, load_model
+from speedrun.train.checkpoint import load_model
 
 TEMPLATES = ("auto", "chat", "raw")
 
@@ -43,13 +43,9 @@ def load_bot(ckpt_dir: Path, tok: Tokenizer, device: str, template: str = "auto"
     ckpt_dir = Path(ckpt_dir)
     if not (ckpt_dir / "meta.json").is_file() or not (ckpt_dir / "model.pt").is_file():
         raise FileNotFoundError(f"{ckpt_dir}: not a checkpoint directory (needs model.pt and meta.json)")
-    meta = load_meta(ckpt_dir)
-    if meta.get("tokenizer") not in (None, tok.digest):
-        raise ValueError(f"{ckpt_dir}: trained with tokenizer {meta['tokenizer']}, but the tokenizer given has digest "
-                         f"{tok.digest}: pass the --tokenizer-dir it was trained with")
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {TEMPLATES}, not {template!r}")
-    model, _ = load_model(ckpt_dir, device, tok.digest)
+    model, meta = load_model(ckpt_dir, device, tok.digest)  # refuses a checkpoint of another tokenizer
     return Bot(str(ckpt_dir), model, guess_template(meta) if template == "auto" else template)
 
 

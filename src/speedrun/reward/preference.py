@@ -127,7 +127,7 @@ def load_pairs(*paths: Path) -> pd.DataFrame:
             i = int(bad.to_numpy().nonzero()[0][0])
             raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not 'train' or 'eval'")
         frames.append(df)
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    df = pd.concat(frames, ignore_index=True)
     straddle = set(df.loc[df["split"] == "train", "prompt_id"]) & set(df.loc[df["split"] == "eval", "prompt_id"])
     if straddle:
         raise ValueError(f"{', '.join(map(str, paths))}: prompt_id {sorted(straddle)[0]} has both train and eval pairs")
