@@ -1,24 +1,20 @@
-"""Stage eval_diversity: sample SFT, grpo_density and grpo_baseline on the held-out prompts (same seeds,
-same sampler), score them, compare density - baseline with bootstrap intervals, write the report."""
+"""Stage eval_diversity: sample the SFT model and every GRPO run (grpo.variants x grpo.seeds) on the held-out
+prompts (same seeds, same sampler), score them, compare the variants over their training seeds, write the report."""
 from pathlib import Path
 
 import pandas as pd
 import torch
 import typer
 
+from speedrun import params as params_lib
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, read_json, stable_seed, write_json, write_parquet
-from speedrun.engine import generate
+from speedrun.common import pick_device, read_json, write_json, write_parquet
 from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.report import write_report
+from speedrun.eval.sampling import run_name, sample_models
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
-from speedrun.rl.rewards import score_samples
-from speedrun.train.checkpoint import load_model
-
-MODELS = {"sft": "outs/sft", "grpo_density": "outs/grpo_density", "grpo_baseline": "outs/grpo_baseline"}
-
 
 def rm_summary(rm_dir: Path) -> str:
     """The RM's held-out accuracy, flagged when it is constant or near chance: then GRPO had little to follow."""
@@ -40,8 +36,16 @@ def rm_summary(rm_dir: Path) -> str:
 
 def main(
     prompts: Path = typer.Option(Path("data/prompts/prompts.parquet"), help="prompts; the 'eval' split is used"),
+    pairs: Path = typer.Option(Path("data/prompts/pairs.parquet"), help="reference answers of the eval prompts "
+                                                                         "(their log-likelihood per model)"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
     rm_dir: Path = typer.Option(Path("outs/rm"), help="reward model for the mean reward"),
+    sft_dir: Path = typer.Option(Path("outs/sft"), help="the reference model every run started from"),
+    runs_dir: Path = typer.Option(Path("outs/grpo"), help="GRPO runs, one dir <variant>_s<seed> each"),
+    params: Path = typer.Option(Path("params.yaml"), help="grpo.variants and grpo.seeds: the runs evaluated"),
+    comparisons: str = typer.Option("density:baseline", help="comma list of a:b variant pairs, a - b reported"),
+    primary: str = typer.Option("ead_1,distinct_2,self_bleu", help="comma list: primary outcomes (Holm)"),
+    reward_margin: float = typer.Option(0.1, help="non-inferiority margin of the reward (standardised RM units)"),
     max_prompts: int = typer.Option(64, help="held-out prompts used (the first N by prompt_id; 0 = all)"),
     max_prompt_len: int = typer.Option(128, help="prompts are cut to their last N tokens"),
     samples_per_prompt: int = typer.Option(4, help="completions per prompt and seed"),
@@ -58,47 +62,39 @@ def main(
     report: Path = typer.Option(Path("reports/report.md"), help="markdown report"),
     fig_dir: Path = typer.Option(Path("reports/figures"), help="report figures"),
 ) -> None:
+    runs = params_lib.grpo_runs(params_lib.load(params), str(params))
+    pairs_list = [tuple(c.split(":")) for c in comparisons.split(",") if c]
+    for c in pairs_list:
+        if len(c) != 2 or any(v not in runs for v in c):
+            raise typer.BadParameter(f"--comparisons: {':'.join(c)!r} is not a:b of variants {sorted(runs)}")
     dev = pick_device(device)
     tok = tokenizer_lib.load(tokenizer_dir)
     df, ids = load_prompts(prompts, tok, "eval", max_prompt_len)
     order = df.sort_values("prompt_id").index[: max_prompts or None]
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
     rm = RewardModel.load(rm_dir, dev, tok.digest)
-    rows = []
-    for model_name, ckpt in MODELS.items():
-        model, _ = load_model(Path(ckpt), dev, tok.digest)
-        for s in range(seeds):
-            # common random numbers: every model draws with the same generator state per seed
-            g = torch.Generator(device=dev).manual_seed(stable_seed(seed, "eval", s))
-            out = generate(model, ids, samples_per_prompt, max_new_tokens, temperature=temperature, top_p=top_p,
-                           stop_id=tok.assistant_end_id, pad_id=tok.bos_id, generator=g)
-            rewards = score_samples(rm, ids, out, tok.bos_id, standardise=True)
-            for n, (row, m) in enumerate(zip(out.tokens.tolist(), out.mask.tolist())):
-                p = n // samples_per_prompt
-                text = tok.decode([t for t, k in zip(row, m) if k and t != tok.assistant_end_id])
-                rows.append({"model": model_name, "prompt_id": df["prompt_id"][p], "seed": s,
-                             "sample_idx": n % samples_per_prompt, "text": text, "reward": float(rewards[n]),
-                             "prompt": df["prompt"][p][-1]["content"]})
-        print(f"eval: sampled {model_name} ({len(df)} prompts x {seeds} seeds x {samples_per_prompt})")
-    samples = pd.DataFrame(rows)
+    models = {"sft": sft_dir} | {run_name(v, s): runs_dir / f"{v}_s{s}" for v, by_seed in runs.items() for s in by_seed}
+    samples = sample_models(models, tok, rm, df, ids, pairs, seeds, samples_per_prompt, max_new_tokens, temperature,
+                            top_p, seed, dev)
     write_parquet(samples_out, samples)
-    result = evaluate(samples, n_boot=n_boot, seed=seed)
+    variants = {v: [run_name(v, s) for s in by_seed] for v, by_seed in runs.items()}
+    result = evaluate(samples, variants, pairs_list, reference="sft", primary=[p for p in primary.split(",") if p],
+                      reward_margin=reward_margin, n_boot=n_boot, seed=seed)
     write_json(result_out, result)
     write_json(metrics, flat_metrics(result))
     logs, weights = {}, {}
-    for variant in ["density", "baseline"]:
-        out_dir = Path(MODELS[f"grpo_{variant}"])
-        logs[f"grpo_{variant}"] = pd.read_csv(out_dir / "log.csv")
-        w = pd.read_parquet(out_dir / "weights.parquet")
-        weights[variant] = group_shares(torch.tensor(w["weight"].to_numpy()), w["group"].tolist())
-    setup = {"models": MODELS, "eval prompts": len(df), "seeds": seeds, "samples per prompt": samples_per_prompt,
+    for v, by_seed in runs.items():
+        for s in by_seed:
+            logs[run_name(v, s)] = pd.read_csv(runs_dir / f"{v}_s{s}" / "log.csv")
+        w = pd.read_parquet(runs_dir / f"{v}_s{next(iter(by_seed))}" / "weights.parquet")  # same for every seed
+        weights[v] = group_shares(torch.tensor(w["weight"].to_numpy()), w["group"].tolist())
+    setup = {"models": {k: str(v) for k, v in models.items()}, "eval prompts": len(df), "seeds": seeds,
+             "samples per prompt": samples_per_prompt,
              "sampler": f"temperature {temperature}, top-p {top_p}, max {max_new_tokens} new tokens",
              "bootstrap draws": n_boot, "reward model": rm_summary(rm_dir)}
-    extra = [f"## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
-    write_report(result, samples, logs, weights, report, fig_dir, setup, extra_sections=extra)
-    d = result["delta"]
-    print("eval: density - baseline: " + ", ".join(
-        f"{k} {v['value']:+.4f} [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}] {v['verdict'] or ''}" for k, v in d.items()))
+    extra = ["## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
+    md = write_report(result, samples, logs, weights, report, fig_dir, setup, extra_sections=extra)
+    print("eval: " + "\n".join(line for line in md.splitlines()[2:2 + len(pairs_list)]))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""Stage grpo@<variant>: GRPO from the SFT model against the reward model; the variants differ only in
-how prompts are drawn (density-aware or uniform)."""
+"""Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model. Variants differ only
+in how prompts are drawn (density-aware or uniform; params.yaml grpo.variants), runs of a variant only in the
+training seed (grpo.seeds)."""
 from pathlib import Path
 
 import pandas as pd
 import torch
 import typer
 
+from speedrun import params as params_lib
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, write_json, write_parquet, write_text
 from speedrun.reward.preference import RewardModel
@@ -18,7 +20,9 @@ from speedrun.train.checkpoint import load_model, save_model
 
 
 def main(
-    sampling: str = typer.Option("density", help="density (∝ kNN distance^alpha) or uniform prompt sampling"),
+    variant: str = typer.Option("density", help="variant name in --params' grpo.variants (its prompt sampling)"),
+    sampling: str = typer.Option("", help="density (∝ kNN distance^alpha) | uniform; empty = the variant's"),
+    params: Path = typer.Option(Path("params.yaml"), help="where the variants are defined"),
     sft_dir: Path = typer.Option(Path("outs/sft"), help="policy init and frozen reference"),
     rm_dir: Path = typer.Option(Path("outs/rm"), help="reward model"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
@@ -44,12 +48,17 @@ def main(
     density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
     density_pooling: str = typer.Option("idf", help="prompt embedding: idf-weighted (template tokens shared by "
                                                     "most prompts weigh ~0) or plain mean of the hidden states"),
-    seed: int = typer.Option(1337, help="same seed for both variants"),
+    seed: int = typer.Option(1, help="training seed: policy sampling and prompt draws (one run per grpo.seeds)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     dtype: str = typer.Option("fp32", help=DTYPE_HELP),
-    out_dir: Path = typer.Option(Path("outs/grpo_density"), help="model.pt, meta.json, log.csv, weights.parquet"),
-    metrics: Path = typer.Option(Path("reports/metrics/grpo_density.json"), help="metrics JSON"),
+    out_dir: Path = typer.Option(Path("outs/grpo/density_s1"), help="model.pt, meta.json, log.csv, weights.parquet"),
+    metrics: Path = typer.Option(Path("reports/metrics/grpo/density_s1.json"), help="metrics JSON"),
 ) -> None:
+    if not sampling:
+        spec = (params_lib.load(params).get("grpo", {}).get("variants") or {}).get(variant)
+        if not isinstance(spec, dict) or "sampling" not in spec:
+            raise typer.BadParameter(f"{params}: no grpo.variants.{variant}.sampling (or pass --sampling)")
+        sampling = spec["sampling"]
     if truncated not in ("mask", "keep"):
         raise typer.BadParameter(f"--truncated must be mask or keep, not {truncated!r}")
     dev = pick_device(device)
@@ -74,18 +83,18 @@ def main(
                      beta=beta, clip_eps=clip_eps, inner_updates=inner_updates, adv_scale=adv_scale, seed=seed,
                      bf16=use_bf16(dtype, dev), mask_truncated=truncated == "mask")
     ess = effective_sample_size(weights)
-    print(f"grpo ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%}), "
+    print(f"grpo {variant} seed {seed} ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%}), "
           f"{dev} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = grpo_train(policy, ref, ids, draw,
                         lambda batch, s: score_samples(rm, batch, s, tok.bos_id, standardise=True), cfg, dev,
                         tok.assistant_end_id, tok.bos_id, extra_stats=lambda idx: {"weight_ess": ess},
-                        name=f"grpo_{sampling}")
+                        name=f"grpo_{variant}_s{seed}")
     log = pd.DataFrame(result.log)
     groups = df["group"].tolist()
     shares_w = group_shares(weights, groups)
     shares_d = group_shares(draws.double() / draws.sum(), groups)
     k = max(1, len(log) // 5)
-    m = {"sampling": sampling, "steps": len(log), "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
+    m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log), "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
          "reward_end": round(float(log["reward_mean"][-k:].mean()), 4), "kl_end": round(float(log["kl"][-k:].mean()), 5),
          "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
          "truncated_frac_end": round(float(log["truncated_frac"][-k:].mean()), 4),
@@ -96,14 +105,14 @@ def main(
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}
     save_model(out_dir, policy.state_dict(), policy.config,
-               {"tokenizer": tok.digest, "init": str(sft_dir), "sampling": sampling, "steps": len(log),
-                "beta": beta})
+               {"tokenizer": tok.digest, "init": str(sft_dir), "variant": variant, "sampling": sampling, "seed": seed,
+                "steps": len(log), "beta": beta})
     write_text(out_dir / "log.csv", log.drop(columns=["tokens_per_s", "sample_frac_time"]).to_csv(
         index=False, float_format="%.6g"))
     write_parquet(out_dir / "weights.parquet", pd.DataFrame(
         {"prompt_id": df["prompt_id"], "group": df["group"], "weight": weights.numpy(), "draws": draws.numpy()}))
     write_json(metrics, m)
-    print(f"grpo ({sampling}): reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in {m['steps']} steps, "
+    print(f"grpo {variant} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in {m['steps']} steps, "
           f"{m['completion_tokens_per_s']:.0f} completion tok/s")
 
 

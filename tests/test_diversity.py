@@ -48,12 +48,6 @@ def test_distinct_n_known_text():
     assert dv.distinct_n(["one"], 2) == 0.0 and dv.distinct_n([], 1) == 0.0
 
 
-def test_vocab_ratio():
-    assert dv.vocab_ratio(["The the THE cat"]) == pytest.approx(2 / 4)
-    assert dv.vocab_ratio(["a b", "b c"]) == dv.distinct_n(["a b", "b c"], 1)
-    assert dv.vocab_ratio([""]) == 0.0
-
-
 def test_ead():
     # unique 5, total 6, V = 10: 5 / (10 * (1 - 0.9**6))
     assert dv.ead_n(["the cat sat on the mat"], 1, 10) == pytest.approx(5 / (10 * (1 - 0.9**6)))

@@ -21,7 +21,7 @@ MICRO_DAG = {
     "rm.save_every": 0,
     "grpo.steps": 2, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.max_new_tokens": 8,
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
-    "eval.n_boot": 20,
+    "eval.n_boot": 20, "grpo.seeds": [1, 2, 3],
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
     "adversarial.data.val_pure_rows": 4, "adversarial.data.batch_size": 16, "adversarial.rm.steps": 4,
     "adversarial.rm.batch_size": 4, "adversarial.rm.eval_every": 2, "adversarial.grpo.prompts": 8,
@@ -52,13 +52,14 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     out = dvc(repo, "repro")
     stages = ran(out)
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
-              "grpo@density", "grpo@baseline", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
+              "grpo@density-1", "grpo@density-3", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
               "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval"]:
         assert s in stages, (s, sorted(stages))
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
-    assert {"grpo_density", "grpo_baseline", "sft", "delta"} <= set(diversity)
-    assert (repo / "reports/report.md").read_text().count("➖") + (repo / "reports/report.md").read_text().count(
-        "✅") + (repo / "reports/report.md").read_text().count("❌") > 0
+    assert {"grpo_density_s1", "grpo_baseline_s3", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
+    assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik"}
+    report = (repo / "reports/report.md").read_text()
+    assert "**density vs baseline** (3 vs 3 GRPO training seeds)" in report and "Holm" in report
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()
@@ -72,31 +73,48 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
 
     # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
     artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "data/onpolicy/pairs.parquet", "outs/rm/model.pt",
-                 "outs/grpo_density/model.pt", "outs/grpo_baseline/model.pt", "reports/metrics/diversity.json",
+                 "outs/grpo/density_s1/model.pt", "outs/grpo/baseline_s2/model.pt", "reports/metrics/diversity.json",
                  "data/adv/cycle_1/train.parquet", "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
     digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
     first = digest()
-    for stage in ["pretrain", "sft", "onpolicy_pairs", "train_rm", "grpo@density", "grpo@baseline", "eval_diversity",
+    for stage in ["pretrain", "sft", "onpolicy_pairs", "train_rm", "grpo@density-1", "grpo@baseline-2", "eval_diversity",
                   "adv_data@1", "adv_rm@1", "adv_grpo@1"]:
         dvc(repo, "repro", "-f", "-s", stage)
     assert digest() == first
 
     # the README's comparison recipe: metrics side by side, then an experiment on beta
     show = dvc(repo, "metrics", "show")
-    assert "grpo_density" in show and "grpo_baseline" in show
+    assert "grpo_density_s1" in show and "density_vs_baseline" in show
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "baseline run")
     out = dvc(repo, "exp", "run", "-n", "beta-0.1", "-S", "beta=0.1")
     stages = ran(out)
-    assert {"grpo@density", "grpo@baseline", "eval_diversity"} <= stages
+    assert {f"grpo@{v}-{k}" for v in ("density", "baseline") for k in (1, 2, 3)} | {"eval_diversity"} <= stages
     assert not stages & {"corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
                          "train_rm"}
     diff = dvc(repo, "exp", "diff", "HEAD", "beta-0.1")
-    assert "beta" in diff and "reports/metrics/grpo_" in diff  # (micro diversity metrics may not move)
-    assert "reports/metrics/grpo_" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")
+    assert "beta" in diff and "reports/metrics/grpo/" in diff  # (micro diversity metrics may not move)
+    assert "reports/metrics/grpo/" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")
 
     # one more adversarial cycle runs that cycle and the adversarial evaluation, nothing else
     set_params(repo, {"adversarial.cycles.3": {"prev": 2, "init": "outs/adv/cycle_2/policy"}})
     assert ran(dvc(repo, "repro")) == {"adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
     assert set(json.loads((repo / "reports/metrics/adversarial.json").read_text())["cycles"]) == {"1", "2", "3"}
+
+    # one more training seed trains only that seed's runs, then evaluates every run
+    set_params(repo, {"grpo.seeds": [1, 2, 3, 4]})
+    assert ran(dvc(repo, "repro")) == {"grpo@density-4", "grpo@baseline-4", "eval_diversity"}
+    assert "(4 vs 4 GRPO training seeds)" in (repo / "reports/report.md").read_text()
+
+
+def test_grpo_plots_cover_every_run_of_params():
+    """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""
+    from speedrun import params
+    from conftest import REPO
+    runs = params.grpo_runs(params.load(REPO / "params.yaml"))
+    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v, by_seed in runs.items() for s in by_seed}
+    for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]:
+        name, spec = next(iter(plot.items()))
+        if name.startswith("grpo_"):
+            assert set(spec["y"]) == expected, name
 

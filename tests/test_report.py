@@ -36,45 +36,76 @@ def make_samples(kinds: dict[str, tuple[str, float]], n_prompts: int = 10, seeds
     return pd.DataFrame(rows)
 
 
+RUNS = {"density": ["grpo_density_s1", "grpo_density_s2", "grpo_density_s3"],
+        "baseline": ["grpo_baseline_s1", "grpo_baseline_s2", "grpo_baseline_s3"]}
+PRIMARY = ["ead_1", "distinct_2", "self_bleu"]
+
+
 @pytest.fixture(scope="module")
 def samples() -> pd.DataFrame:
-    return make_samples({"sft": ("diverse", 0.0), "grpo_density": ("diverse", 0.5), "grpo_baseline": ("collapsed", 1.0)})
+    kinds = {"sft": ("diverse", 0.0)}
+    kinds |= {r: ("diverse", 0.5 + 0.02 * i) for i, r in enumerate(RUNS["density"])}
+    kinds |= {r: ("collapsed", 1.0 + 0.02 * i) for i, r in enumerate(RUNS["baseline"])}
+    df = make_samples(kinds, n_prompts=8)
+    return df.assign(ref_logprob=-2.0 - 0.1 * df["model"].str.contains("baseline"))
 
 
 @pytest.fixture(scope="module")
 def result(samples) -> dict:
-    return evaluate(samples, n_boot=N_BOOT)
+    return evaluate(samples, RUNS, primary=PRIMARY, n_boot=N_BOOT)
 
 
-DIVERSITY = ["distinct_1", "distinct_2", "distinct_3", "ead_1", "ead_2", "ead_3", "vocab_ratio", "word_gini",
+DIVERSITY = ["distinct_1", "distinct_2", "distinct_3", "ead_1", "ead_2", "ead_3", "word_gini",
              "self_bleu", "within_distinct_1", "within_distinct_2", "within_distinct_3", "within_self_bleu",
              "em_dash_rate", "not_just_but"]
 
 
 def test_verdicts_follow_good_direction(samples, result):
-    assert result["models"] == ["sft", "grpo_baseline", "grpo_density"]
+    assert result["models"] == ["sft"] + RUNS["density"] + RUNS["baseline"]
+    c = result["comparisons"][0]
+    assert (c["a"], c["b"], c["seed_variance"]) == ("density", "baseline", True)
     for name in DIVERSITY:  # density is the diverse one: better on every diversity metric, whatever its sign
-        assert result["delta"][name]["verdict"] == PASS, (name, result["delta"][name])
-    assert result["delta"]["reward"]["verdict"] == FAIL  # but it lost reward
+        assert c["delta"][name]["verdict"] == PASS, (name, c["delta"][name])
+        assert c["delta"][name]["role"] == ("primary" if name in PRIMARY else "secondary")
+    for name in PRIMARY:
+        assert c["delta"][name]["p_holm"] <= 0.05 and c["delta"][name]["p_holm"] >= c["delta"][name]["p"]
+    assert c["delta"]["reward"]["verdict"] == FAIL and c["noninferiority"]["verdict"] == "inferior"  # lost 0.5
+    assert c["delta"]["ref_loglik"]["value"] == pytest.approx(0.1) and c["delta"]["ref_loglik"]["verdict"] == PASS
     for name in ("len_words", "len_chars", "len_sentences"):
-        assert result["delta"][name]["verdict"] is None
-    for name, d in result["delta"].items():  # pooled self-BLEU's interval may sit off its delta (compare.py)
-        assert name == "self_bleu" or d["ci_low"] <= d["value"] <= d["ci_high"], name
+        assert c["delta"][name]["verdict"] is None and c["delta"][name]["role"] == "control"
+    for name, d in c["delta"].items():
+        assert d["ci_low"] <= d["value"] <= d["ci_high"], name
+        mean = lambda v: np.mean([result["values"][r][name] for r in RUNS[v]])  # noqa: E731
+        assert d["value"] == pytest.approx(mean("density") - mean("baseline"))
     # the same data with the pair swapped: every verdict flips
-    swapped = evaluate(samples, pair=("grpo_baseline", "grpo_density"), n_boot=N_BOOT)
+    swapped = evaluate(samples, RUNS, [("baseline", "density")], primary=PRIMARY, n_boot=N_BOOT)["comparisons"][0]
     for name in DIVERSITY:
         assert swapped["delta"][name]["verdict"] == FAIL, name
-    assert swapped["delta"]["reward"]["verdict"] == PASS
+    assert swapped["delta"]["reward"]["verdict"] == PASS and swapped["noninferiority"]["verdict"] == "non-inferior"
 
 
-def test_identical_models_are_inconclusive():
-    df = make_samples({"grpo_density": ("diverse", 0.0)})
-    df = pd.concat([df, df.assign(model="grpo_baseline")], ignore_index=True)
-    res = evaluate(df, n_boot=50)
-    assert res["reference"] is None and res["models"] == ["grpo_baseline", "grpo_density"]
-    for name, d in res["delta"].items():
-        assert d["value"] == 0.0 and d["ci_low"] == 0.0 and d["ci_high"] == 0.0
-        assert d["verdict"] == (None if name.startswith("len_") else UNSURE)
+def test_a_a_comparison_gives_no_verdict_either_way(samples):
+    """The same runs under both names: Δ is 0, its interval straddles 0 (the runs' spread counts twice), p is 1:
+    never ✅ or ❌."""
+    res = evaluate(samples, {"a": RUNS["density"], "b": RUNS["density"]}, primary=PRIMARY, n_boot=50)
+    c = res["comparisons"][0]
+    for name, d in c["delta"].items():
+        assert d["value"] == 0.0 and d["ci_low"] <= 0.0 <= d["ci_high"] and d["p"] == 1.0, name
+        assert d["verdict"] in (None, UNSURE), name
+    assert c["noninferiority"]["verdict"] == "non-inferior"
+
+
+def test_one_run_per_variant_gives_no_verdict(samples):
+    res = evaluate(samples, {"density": RUNS["density"][:1], "baseline": RUNS["baseline"][:1]}, primary=PRIMARY,
+                   n_boot=50)
+    c = res["comparisons"][0]
+    assert not c["seed_variance"] and c["noninferiority"]["verdict"] is None
+    assert all(d["verdict"] is None for d in c["delta"].values())
+    from speedrun.eval.report import verdict_line
+    assert verdict_line(res, c).startswith("**No verdict**")
+    # against the fixed reference: the variant (one run) has no verdict either, the run its prompt-level one
+    assert res["vs_reference"]["baseline"]["reward"]["verdict"] is None
+    assert res["runs_vs_reference"]["grpo_baseline_s1"]["reward"]["verdict"] == PASS
 
 
 def test_values_are_the_metrics_of_the_whole_pool(samples, result):
@@ -83,63 +114,85 @@ def test_values_are_the_metrics_of_the_whole_pool(samples, result):
         texts, got = df["text"].tolist(), result["values"][model]
         assert got["em_dash_rate"] == pytest.approx(dv.em_dash_rate(texts))
         assert got["word_gini"] == pytest.approx(dv.word_gini(texts))
-        assert got["vocab_ratio"] == pytest.approx(dv.vocab_ratio(texts))
         for n in (1, 2, 3):
             assert got[f"distinct_{n}"] == pytest.approx(dv.distinct_n(texts, n))
             assert got[f"ead_{n}"] == pytest.approx(dv.ead_n(texts, n, v_ead[n - 1]))
         assert got["not_just_but"] == pytest.approx(100 * dv.not_just_but_count(texts) / len(texts))
         assert got["reward"] == pytest.approx(df["reward"].mean())
+        assert got["ref_loglik"] == pytest.approx(df["ref_logprob"].mean())
         assert got["len_words"] == pytest.approx(np.mean([len(dv.words(t)) for t in texts]))
         cells = [g["text"].tolist() for _, g in df.groupby(["prompt_id", "seed"])]
         assert got["within_self_bleu"] == pytest.approx(np.mean([dv.self_bleu(c) for c in cells]))
         assert got["within_distinct_2"] == pytest.approx(np.mean([dv.distinct_n(c, 2) for c in cells]))
-    assert result["setup"]["self_bleu_k"] == 40  # capped at half of the 80 responses per model
+    # self-BLEU's pool: at most half of the 64 responses, and no more than the fewest distinct ones of any draw
+    assert 2 <= result["setup"]["self_bleu_k"] <= 32
+
+
+def test_self_bleu_pool_fits_every_draw():
+    """Few prompts, two sampling seeds: some draws hold far fewer distinct responses than half the pool; K is
+    capped so that every draw scores exactly K (self-BLEU grows with the number of references)."""
+    df = make_samples({"a": ("diverse", 0.0), "b": ("diverse", 0.0)}, n_prompts=3, seeds=(0, 1), k=4)
+    res = evaluate(df, {"a": ["a"], "b": ["b"]}, reference=None, n_boot=200)
+    assert res["setup"]["self_bleu_k"] < 12  # 24 responses: 12 would be half
 
 
 def test_deterministic_order_free_and_flat_metrics_numeric(samples, result):
     shuffled = samples.sample(frac=1.0, random_state=3).reset_index(drop=True)
-    again = evaluate(shuffled, n_boot=N_BOOT)
+    again = evaluate(shuffled, RUNS, primary=PRIMARY, n_boot=N_BOOT)
     assert json.dumps(again, sort_keys=True) == json.dumps(result, sort_keys=True)
     flat = flat_metrics(result)
-    assert set(flat) == {"sft", "grpo_baseline", "grpo_density", "delta", "delta_ci_low", "delta_ci_high", "verdict",
-                         "grpo_baseline_vs_sft", "grpo_density_vs_sft"}
-    vs = result["vs_reference"]["grpo_density"]["reward"]  # each run against SFT, on the same paired draws
-    assert vs["value"] == pytest.approx(result["values"]["grpo_density"]["reward"] - result["values"]["sft"]["reward"])
-    assert vs["ci_low"] <= vs["value"] <= vs["ci_high"] and flat["grpo_density_vs_sft"]["reward"] == vs["value"]
-    for group in flat.values():
-        for value in group.values():
-            assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    assert flat["verdict"]["distinct_2"] == 1 and flat["verdict"]["reward"] == -1
-    assert "len_words" not in flat["verdict"]
+    assert set(flat) == {"sft", *RUNS["density"], *RUNS["baseline"], "density_vs_baseline", "density_vs_sft",
+                         "baseline_vs_sft"}
+    vs = result["vs_reference"]["density"]["reward"]  # each variant against SFT, interval with its runs' spread
+    mean = np.mean([result["values"][r]["reward"] for r in RUNS["density"]])
+    assert vs["value"] == pytest.approx(mean - result["values"]["sft"]["reward"])
+    assert vs["ci_low"] <= vs["value"] <= vs["ci_high"] and flat["density_vs_sft"]["reward"] == vs["value"]
+    assert result["runs_vs_reference"]["grpo_density_s2"]["reward"]["verdict"] == PASS
+
+    def numbers(d):
+        for v in d.values():
+            if isinstance(v, dict):
+                yield from numbers(v)
+            else:
+                yield v
+    for value in numbers(flat):
+        assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    c = flat["density_vs_baseline"]
+    assert c["verdict"]["distinct_2"] == 1 and c["verdict"]["reward"] == -1 and c["reward_noninferior"] == 0
+    assert "len_words" not in c["verdict"] and c["delta"]["ead_1"] > 0
 
 
 def test_bad_input_names_the_row(samples):
     bad = samples.copy()
     bad.loc[5, "reward"] = float("nan")
     with pytest.raises(ValueError, match="row"):
-        evaluate(bad, n_boot=10)
+        evaluate(bad, RUNS, n_boot=10)
     bad = samples.copy()
     bad.loc[7, "text"] = None
     with pytest.raises(ValueError, match="row"):
-        evaluate(bad, n_boot=10)
+        evaluate(bad, RUNS, n_boot=10)
     with pytest.raises(ValueError, match="missing columns"):
-        evaluate(samples.drop(columns=["seed"]), n_boot=10)
+        evaluate(samples.drop(columns=["seed"]), RUNS, n_boot=10)
     with pytest.raises(ValueError, match="duplicate"):
-        evaluate(pd.concat([samples, samples.iloc[:1]], ignore_index=True), n_boot=10)
+        evaluate(pd.concat([samples, samples.iloc[:1]], ignore_index=True), RUNS, n_boot=10)
     with pytest.raises(ValueError, match="paired"):
-        evaluate(samples.drop(index=samples.index[samples["model"] == "sft"][:1]), n_boot=10)
+        evaluate(samples.drop(index=samples.index[samples["model"] == "sft"][:1]), RUNS, n_boot=10)
     one = samples[(samples["sample_idx"] == 0) | (samples["prompt_id"] != "p03")]
     with pytest.raises(ValueError, match="at least 2 samples"):
-        evaluate(one, n_boot=10)
+        evaluate(one, RUNS, n_boot=10)
     with pytest.raises(ValueError, match="not found"):
-        evaluate(samples[samples["model"] != "grpo_density"], n_boot=10)
+        evaluate(samples[samples["model"] != "grpo_density_s2"], RUNS, n_boot=10)
+    with pytest.raises(ValueError, match="not in"):
+        evaluate(samples, RUNS, [("density", "other")], n_boot=10)
+    with pytest.raises(ValueError, match="primary"):
+        evaluate(samples, RUNS, primary=["len_words"], n_boot=10)
 
 
 def _write(result, samples, root):
-    logs = {v: pd.DataFrame({"step": np.arange(30), "reward_mean": np.linspace(0, 1 + i, 30) ** 0.5,
-                             "kl": np.linspace(0, 0.1, 30)}) for i, v in enumerate(["grpo_density", "grpo_baseline"])}
-    weights = {"grpo_baseline": {f"mod{i}": float(i + 1) for i in range(25)},
-               "grpo_density": {f"mod{i}": float(np.sqrt(i + 1)) for i in range(25)}}
+    logs = {r: pd.DataFrame({"step": np.arange(30), "reward_mean": np.linspace(0, 1 + i, 30) ** 0.5,
+                             "kl": np.linspace(0, 0.1, 30)}) for i, r in enumerate(RUNS["density"] + RUNS["baseline"])}
+    weights = {"baseline": {f"mod{i}": float(i + 1) for i in range(25)},
+               "density": {f"mod{i}": float(np.sqrt(i + 1)) for i in range(25)}}
     setup = {"models": {"sft": "outs/sft/model.pt"}, "sampler": "temperature 1.0, top-k 50", "max_new_tokens": 64}
     return write_report(result, samples, logs, weights, root / "reports" / "report.md", root / "reports" / "figures",
                         setup, extra_sections=["## Adversarial track\n\nappended later"])
@@ -149,24 +202,29 @@ def test_report_and_figures_byte_identical(samples, result, tmp_path):
     md = _write(result, samples, tmp_path / "a")
     md2 = _write(json.loads(json.dumps(result)), samples, tmp_path / "b")  # also after a JSON round trip
     assert md == md2 == (tmp_path / "a" / "reports" / "report.md").read_text(encoding="utf-8")
-    figures = ["metrics.png", "delta.png", "reward_curves.png", "sampling_weights.png"]
+    figures = ["metrics.png", "forest_density_vs_baseline.png", "scatter.png", "reward_curves.png",
+               "sampling_weights.png"]
     for name in figures:
         assert f"](figures/{name})" in md  # relative to report.md
         a = (tmp_path / "a" / "reports" / "figures" / name).read_bytes()
         assert a[:8] == b"\x89PNG\r\n\x1a\n" and b"Software" not in a
         assert a == (tmp_path / "b" / "reports" / "figures" / name).read_bytes(), name
-    assert PASS in md and FAIL in md and "Reward lost" in md
+    assert PASS in md and FAIL in md and "reward inferior at margin 0.1" in md
+    assert md.startswith("# Diversity evaluation") and "**density vs baseline** (3 vs 3 GRPO training seeds): more " \
+        "diverse on EAD-1, distinct-2, self-BLEU-4" in md
+    assert "| grpo_baseline_s2 | baseline |" in md and "Holm" in md
     assert md.rstrip().endswith("appended later")
     assert "What does `f" in md  # sample responses side by side, with the prompt text
 
 
 def test_report_without_logs_or_weights(samples, result, tmp_path):
-    small = {**result, "metrics": ["distinct_2", "reward"]}  # two panels: the figures are not what is tested here
+    small = {**result, "metrics": ["distinct_2", "reward"], "primary": ["distinct_2"]}  # few panels: fast
     md = write_report(small, samples, {}, {}, tmp_path / "report.md", tmp_path / "fig", {"models": "x"})
     assert "no GRPO logs given" in md and "no sampling weights given" in md
-    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == ["delta.png", "metrics.png"]
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == ["forest_density_vs_baseline.png", "metrics.png",
+                                                                    "scatter.png"]
     with pytest.raises(ValueError, match="reward_mean"):
-        write_report(small, samples, {"grpo_density": pd.DataFrame({"step": [0]})}, {}, tmp_path / "r.md",
+        write_report(small, samples, {"grpo_density_s1": pd.DataFrame({"step": [0]})}, {}, tmp_path / "r.md",
                      tmp_path / "fig", {})
 
 

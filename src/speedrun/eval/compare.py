@@ -1,6 +1,9 @@
-"""Compare models' samples: per-model diversity metrics, paired bootstrap of density - baseline, verdicts.
+"""Compare models' samples: per-model diversity metrics, paired bootstrap draws, variant comparisons.
 
-Input: one row per sampled response, columns model, prompt_id, seed, sample_idx, text, reward.
+Input: one row per sampled response, columns model, prompt_id, seed, sample_idx, text, reward (and
+optionally ref_logprob: the prompt's reference answer's mean log-probability per token under the model).
+A model is the SFT reference or one GRPO run; a variant is a list of runs (one per training seed), and
+variants are compared through stats.py, whose interval includes the training seed.
 Every model must have the same (prompt_id, seed, sample_idx) rows: the comparison is paired.
 A "cell" is one (prompt_id, seed): the samples_per_prompt responses drawn for a prompt with one seed.
 
@@ -8,14 +11,15 @@ Bootstrap: a draw resamples prompts with replacement and, inside each drawn prom
 replacement (nested, as seeds vary within prompts); every model is scored on the same draw. A draw
 only reweights cells, so pooled metrics come from precomputed per-cell counts. A repeated prompt adds
 tokens but no new n-gram types, so on a resampled pool the union-type metrics (distinct-n, EAD,
-unique/total, Gini) shrink in location and spread together (distinct-1 by about 25% on docstring
+Gini) shrink in location and spread together (distinct-1 by about 25% on docstring
 text): each model's draws of those are rescaled by (full-pool value / mean of draws) before taking
 percentiles; all other metrics use plain 95% percentiles. Self-BLEU uses K distinct responses per
-draw, the same K as the point estimate, since self-BLEU grows with the number of references.
+draw, the same K as the point estimate, since self-BLEU grows with the number of references: all draws are
+made first and K is capped by the fewest distinct responses any draw holds.
 Checked by simulation (both models sampling the same per-prompt distribution, 80 repetitions): every
 metric gives a non-neutral verdict in 2.5-5% of runs; shifting the draws instead of rescaling gave
-22-40% for the union-type metrics. Pooled self-BLEU's interval can miss its full-pool delta (about
-10% of null runs: a draw holds fewer distinct prompts), yet its verdicts stayed calibrated.
+22-40% for the union-type metrics. Pooled self-BLEU's interval can miss its full-pool value (a draw
+holds fewer distinct prompts).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import pandas as pd
 
 from speedrun.common import stable_seed
 from speedrun.eval import diversity as dv
+from speedrun.eval import stats
 
 GOOD = ("lower", "higher", "neutral")
 PASS, FAIL, UNSURE = "\u2705", "\u274c", "\u2796"  # ✅ ❌ ➖
@@ -48,7 +53,6 @@ METRICS: list[Metric] = [
     Metric("ead_1", "EAD-1", "higher", "Pool diversity", union=True),
     Metric("ead_2", "EAD-2", "higher", "Pool diversity", union=True),
     Metric("ead_3", "EAD-3", "higher", "Pool diversity", union=True),
-    Metric("vocab_ratio", "unique/total words", "higher", "Pool diversity", union=True),
     Metric("word_gini", "Gini of word counts", "lower", "Pool diversity", union=True),
     Metric("self_bleu", "self-BLEU-4", "lower", "Pool diversity"),
     Metric("within_distinct_1", "distinct-1 within prompt", "higher", "Within-prompt diversity"),
@@ -58,6 +62,7 @@ METRICS: list[Metric] = [
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
     Metric("reward", "mean RM reward", "higher", "Reward"),
+    Metric("ref_loglik", "log-lik of reference answers (nats/token)", "higher", "Capability"),
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
     Metric("len_chars", "characters per response", "neutral", "Length (control)", "{:.1f}"),
     Metric("len_sentences", "sentences per response", "neutral", "Length (control)", "{:.2f}"),
@@ -129,6 +134,8 @@ class _Pool:
         self.sentences = per_cell([dv.sentence_count(t) for t in texts])
         self.njb = per_cell([dv.not_just_but_count([t]) for t in texts])
         self.reward = per_cell(df["reward"].astype(float).to_numpy())
+        if "ref_logprob" in df.columns:  # the prompt's reference answer under this model, on each of its rows
+            self.ref_ll = per_cell(df["ref_logprob"].astype(float).to_numpy())
         members = [np.flatnonzero(self.cell == j) for j in range(n_cells)]
         self.within = {f"within_distinct_{k}": np.asarray(
             [dv.distinct_n([texts[i] for i in rows], k) for rows in members]) for k in (1, 2, 3)}
@@ -141,6 +148,7 @@ class _Pool:
             "em_dash_rate": 1000.0 * (w_cell @ self.dashes) / max(w_cell @ self.chars, 1.0),
             "not_just_but": 100.0 * (w_cell @ self.njb) / n_resp,
             "reward": (w_cell @ self.reward) / n_resp,
+            **({"ref_loglik": (w_cell @ self.ref_ll) / n_resp} if hasattr(self, "ref_ll") else {}),
             "len_words": (w_cell @ self.words) / n_resp,
             "len_chars": (w_cell @ self.chars) / n_resp,
             "len_sentences": (w_cell @ self.sentences) / n_resp,
@@ -156,7 +164,6 @@ class _Pool:
             out[f"distinct_{k}"] = unique / total if total else 0.0
             out[f"ead_{k}"] = dv.ead_from_counts(unique, total, vocab[k - 1])
             if k == 1:
-                out["vocab_ratio"] = out["distinct_1"]
                 word_counts = np.bincount(grams, weights=weight * enc.counts[0], minlength=1)
                 out["word_gini"] = dv.gini(word_counts[word_counts > 0])
         out["self_bleu"] = float(dv.self_bleu_scores(enc, bleu_pos, 4).mean())
@@ -174,32 +181,47 @@ def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts:
     return np.bincount(cells, minlength=prompt_of_cell.size).astype(np.float64)
 
 
-def evaluate(samples: pd.DataFrame, pair: tuple[str, str] = ("grpo_density", "grpo_baseline"),
-             reference: str | None = "sft", n_boot: int = 1000, seed: int = 0, self_bleu_k: int = 256,
-             ead_vocab_size: int | None = None, where: str = "samples") -> dict:
-    """Metrics per model on its whole pool, and pair[0] - pair[1] with a paired bootstrap 95% CI.
+def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
+             comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
+             primary: list[str] | tuple[str, ...] = (), reward_margin: float = 0.1, n_boot: int = 1000,
+             seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: int | None = None, where: str = "samples") -> dict:
+    """Metrics per model on its whole pool; per comparison (a, b) of variants, Δ of run means with the interval
+    of stats.py, Holm over `primary`, and reward non-inferiority within `reward_margin`.
 
-    self_bleu_k: responses in the self-BLEU pool (capped at half the responses of a model, so every
-    draw can supply that many distinct ones). ead_vocab_size: V of EAD for every n; None = the number
-    of distinct n-grams (per n) over all models' samples. Returns a JSON-ready dict (see report.py).
+    variants: {variant: [model names of its runs]} (one run per training seed); comparisons: pairs of variant
+    names (default: the first two variants); reference: the model every variant is also compared with (the SFT
+    model; None = no reference). self_bleu_k: responses in the self-BLEU pool (at most the fewest distinct
+    responses any bootstrap draw holds, so every draw scores the same number). ead_vocab_size: V of EAD for
+    every n; None = the number of distinct n-grams (per n) over all models' samples. JSON-ready dict.
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     df = _validate(samples, where)
     models = sorted(df["model"].unique())
-    for name in pair:
-        if name not in models:
-            raise ValueError(f"{where}: model {name!r} of the pair not found (models: {models})")
-    # order: reference, baseline, density, then any other model
-    order = ([reference] if reference in models else []) + [pair[1], pair[0]]
+    comparisons = [tuple(c) for c in (comparisons if comparisons is not None else [list(variants)[:2]])]
+    for a, b in comparisons:
+        for v in (a, b):
+            if v not in variants:
+                raise ValueError(f"{where}: comparison ({a}, {b}): variant {v!r} not in {sorted(variants)}")
+    for v, runs in variants.items():
+        if not runs:
+            raise ValueError(f"{where}: variant {v!r} has no runs")
+        for name in runs:
+            if name not in models:
+                raise ValueError(f"{where}: model {name!r} of variant {v!r} not found (models: {models})")
+    unknown = [n for n in primary if n not in METRIC_BY_NAME or METRIC_BY_NAME[n].good == "neutral"]
+    if unknown:
+        raise ValueError(f"primary metrics {unknown}: not metrics with a direction ({[m.name for m in METRICS]})")
+    order = ([reference] if reference in models else []) + [r for runs in variants.values() for r in runs]
     order += [m for m in models if m not in order]
     frames = {m: df[df["model"] == m].reset_index(drop=True) for m in order}
-    keys0 = frames[pair[0]][["prompt_id", "seed", "sample_idx"]]
+    first = order[0]
+    keys0 = frames[first][["prompt_id", "seed", "sample_idx"]]
     for m in order:
         keys = frames[m][["prompt_id", "seed", "sample_idx"]]
         if len(keys) != len(keys0) or not (keys.to_numpy() == keys0.to_numpy()).all():
             diff = set(map(tuple, keys.to_numpy().tolist())) ^ set(map(tuple, keys0.to_numpy().tolist()))
-            raise ValueError(f"{where}: model {m!r} and {pair[0]!r} differ in (prompt_id, seed, sample_idx) rows, "
+            raise ValueError(f"{where}: model {m!r} and {first!r} differ in (prompt_id, seed, sample_idx) rows, "
                              f"e.g. {sorted(diff, key=str)[:3]}: the comparison is paired")
     cell_sizes = keys0.groupby(["prompt_id", "seed"]).size()
     if cell_sizes.min() < 2:
@@ -210,23 +232,23 @@ def evaluate(samples: pd.DataFrame, pair: tuple[str, str] = ("grpo_density", "gr
     vocab = [ead_vocab_size or max(t, 1) for t in enc.n_types[:3]]
     n_rows = len(keys0)
     pools = {m: _Pool(frames[m], _slice(enc, i * n_rows, (i + 1) * n_rows)) for i, m in enumerate(order)}
-    cells = pools[pair[0]].cells
+    names = [m.name for m in METRICS if m.name != "ref_loglik" or "ref_logprob" in df.columns]
+    cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
     prompt_index = {p: i for i, p in enumerate(prompts)}
     prompt_of_cell = np.asarray([prompt_index[p] for p, _ in cells], dtype=np.int64)
-    cell_of_row = pools[pair[0]].cell
-    k = max(2, min(self_bleu_k, n_rows // 2))  # a draw always holds a cell of >= 2 responses
+    cell_of_row = pools[first].cell
 
+    # every draw first, so self-BLEU's pool size k fits the draw with the fewest distinct responses
+    rng = np.random.default_rng(stable_seed("bootstrap", seed))
+    draws = [_draw_cells(rng, prompt_of_cell, len(prompts)) for _ in range(n_boot)]
+    eligible = [np.flatnonzero(w[cell_of_row] > 0) for w in draws]
+    k = max(2, min(self_bleu_k, n_rows // 2, min(e.size for e in eligible)))
     point_pos = np.sort(np.random.default_rng(stable_seed("self_bleu", seed)).choice(n_rows, k, replace=False))
     values = {m: pools[m].metrics(np.ones(len(cells)), point_pos, vocab) for m in order}
-    names = [m.name for m in METRICS]
-
-    rng = np.random.default_rng(stable_seed("bootstrap", seed))
     boot = {m: np.zeros((n_boot, len(names))) for m in order}
-    for b in range(n_boot):
-        w = _draw_cells(rng, prompt_of_cell, len(prompts))
-        eligible = np.flatnonzero(w[cell_of_row] > 0)
-        pos = np.sort(rng.choice(eligible, min(k, eligible.size), replace=False))
+    for b, (w, e) in enumerate(zip(draws, eligible)):
+        pos = np.sort(rng.choice(e, k, replace=False))
         for m in order:
             vals = pools[m].metrics(w, pos, vocab)
             boot[m][b] = [vals[n] for n in names]
@@ -240,50 +262,89 @@ def evaluate(samples: pd.DataFrame, pair: tuple[str, str] = ("grpo_density", "gr
     def interval(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.quantile(x, 0.025, axis=0), np.quantile(x, 0.975, axis=0)
 
-    d_lo, d_hi = interval(boot[pair[0]] - boot[pair[1]])
-    delta = {}
-    for j, n in enumerate(names):
-        lo, hi = float(d_lo[j]), float(d_hi[j])
-        delta[n] = {"value": values[pair[0]][n] - values[pair[1]][n], "ci_low": lo, "ci_high": hi,
-                    "verdict": verdict(METRIC_BY_NAME[n].good, lo, hi)}
     ci = {}
     for m in order:
         lo, hi = interval(boot[m])
         ci[m] = {n: [float(lo[j]), float(hi[j])] for j, n in enumerate(names)}
-    # each trained model against the reference (did GRPO move it at all?), on the same paired draws
-    vs_reference = {}
-    for m in (o for o in order if reference in models and o != reference):
-        lo, hi = interval(boot[m] - boot[reference])
-        vs_reference[m] = {n: {"value": values[m][n] - values[reference][n], "ci_low": float(lo[j]),
-                               "ci_high": float(hi[j]), "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
-                           for j, n in enumerate(names)}
+
+    def pooled(runs_a: list[str], runs_b: list[str], fixed_b: bool) -> dict[str, dict]:
+        out = {}
+        for j, n in enumerate(names):
+            d = stats.pooled_delta([point[r][j] for r in runs_a], [point[r][j] for r in runs_b],
+                                   np.stack([boot[r][:, j] for r in runs_a], 1),
+                                   np.stack([boot[r][:, j] for r in runs_b], 1), fixed_b=fixed_b)
+            good = METRIC_BY_NAME[n].good
+            d["role"] = "control" if good == "neutral" else ("primary" if n in primary else "secondary")
+            d["verdict"] = verdict(good, d["ci_low"], d["ci_high"]) if d["seed_variance"] else None
+            out[n] = d
+        return out
+
+    result_comparisons = []
+    for a, b in comparisons:
+        delta = pooled(variants[a], variants[b], fixed_b=False)
+        seeded = all(d["seed_variance"] for d in delta.values())
+        adjusted = stats.holm({n: delta[n]["p"] for n in primary})
+        for n, p_holm in adjusted.items():
+            d = delta[n]
+            d["p_holm"] = p_holm
+            d["verdict"] = (verdict(METRIC_BY_NAME[n].good, d["value"], d["value"]) if p_holm <= stats.ALPHA
+                            else UNSURE) if seeded else None
+        ni = None
+        if "reward" in delta:
+            r = delta["reward"]
+            ni = {"metric": "reward", "margin": reward_margin,
+                  "verdict": stats.non_inferiority(r["ci_low"], r["ci_high"], reward_margin) if seeded else None}
+        per_seed = {}  # a's run i against b's run i (the forest plot's dots), where both have that many runs
+        for ra, rb in zip(variants[a], variants[b]):
+            per_seed[f"{ra} - {rb}"] = {n: values[ra][n] - values[rb][n] for n in names}
+        result_comparisons.append({"a": a, "b": b, "runs_a": variants[a], "runs_b": variants[b], "delta": delta,
+                                   "seed_variance": seeded, "noninferiority": ni, "per_seed": per_seed})
+    # each variant, and each run, against the reference (did GRPO move it at all?), on the same paired draws
+    vs_reference, runs_vs_reference = {}, {}
+    if reference in models:
+        for v, runs in variants.items():
+            vs_reference[v] = pooled(runs, [reference], fixed_b=True)
+        for m in (o for o in order if o != reference):
+            lo, hi = interval(boot[m] - boot[reference])
+            runs_vs_reference[m] = {n: {"value": values[m][n] - values[reference][n], "ci_low": float(lo[j]),
+                                        "ci_high": float(hi[j]), "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
+                                    for j, n in enumerate(names)}
     seeds = sorted({s for _, s in cells})
     return {
         "models": order,
-        "pair": list(pair),
+        "variants": {v: list(r) for v, r in variants.items()},
         "reference": reference if reference in models else None,
         "metrics": names,
+        "primary": list(primary),
         "values": {m: {n: values[m][n] for n in names} for m in order},
         "ci": ci,
-        "delta": delta,
+        "comparisons": result_comparisons,
         "vs_reference": vs_reference,
+        "runs_vs_reference": runs_vs_reference,
         "setup": {"n_prompts": len(prompts), "seeds": [int(s) if isinstance(s, (int, np.integer)) else s for s in seeds],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
-                  "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab},
+                  "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
+                  "reward_margin": reward_margin},
     }
 
 
 def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
-    """Numbers only, for `dvc metrics`: values per model, delta with CI, verdict as +1 / -1 / 0."""
+    """Numbers only, for `dvc metrics`: values per model; per comparison the pooled Δ with its interval and
+    verdict (+1 better / -1 worse / 0 not significant); each variant's reward gain over the reference."""
     code = {PASS: 1, FAIL: -1, UNSURE: 0}
     out: dict[str, dict[str, float]] = {m: dict(result["values"][m]) for m in result["models"]}
-    out["delta"] = {n: d["value"] for n, d in result["delta"].items()}
-    out["delta_ci_low"] = {n: d["ci_low"] for n, d in result["delta"].items()}
-    out["delta_ci_high"] = {n: d["ci_high"] for n, d in result["delta"].items()}
-    out["verdict"] = {n: code[d["verdict"]] for n, d in result["delta"].items() if d["verdict"] is not None}
-    for m, by_metric in result.get("vs_reference", {}).items():  # reward gained over the reference, per model
-        d = by_metric["reward"]
-        out[f"{m}_vs_{result['reference']}"] = {"reward": d["value"], "reward_ci_low": d["ci_low"],
-                                                 "reward_ci_high": d["ci_high"]}
+    for c in result["comparisons"]:
+        d = c["delta"]
+        out[f"{c['a']}_vs_{c['b']}"] = {
+            "delta": {n: x["value"] for n, x in d.items()},
+            "ci_low": {n: x["ci_low"] for n, x in d.items()},
+            "ci_high": {n: x["ci_high"] for n, x in d.items()},
+            "verdict": {n: code[x["verdict"]] for n, x in d.items() if x["verdict"] is not None},
+            "reward_noninferior": int((c["noninferiority"] or {}).get("verdict") == "non-inferior")}
+    for v, by_metric in result.get("vs_reference", {}).items():  # gained over the reference, capability kept
+        out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key]
+                                                 for n in ("reward", "ref_loglik") if n in by_metric
+                                                 for suffix, key in (("", "value"), ("_ci_low", "ci_low"),
+                                                                     ("_ci_high", "ci_high"))}
     return out

@@ -62,11 +62,6 @@ def distinct_n(texts: Sequence[str], n: int) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-def vocab_ratio(texts: Sequence[str]) -> float:
-    """Unique words / total words (the same number as distinct_n(texts, 1))."""
-    return distinct_n(texts, 1)
-
-
 def ead_from_counts(unique, total, vocab_size: int):
     """unique / (V (1 - ((V-1)/V)^C)): distinct-n over its expectation under uniform draws (Liu et al. 2022).
 

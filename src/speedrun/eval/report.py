@@ -1,164 +1,31 @@
-"""report.md + PNG figures from an evaluate() result, the GRPO logs and the prompt-sampling shares.
+"""report.md from an evaluate() result: the verdict, the runs, each comparison with its statistics, figures.
 
-Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot state), at a fixed dpi
-and without the Software tag, so a rerun writes byte-identical files. Paths in the markdown are
-relative to report.md, so it renders on GitHub from reports/.
+Paths in the markdown are relative to report.md, so it renders on GitHub from reports/.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from speedrun.common import stable_hash, write_bytes, write_text
+from speedrun.common import stable_hash, write_text
 from speedrun.eval.compare import FAIL, METRIC_BY_NAME, PASS, UNSURE
+from speedrun.eval.figures import _shares, plot_forest, plot_logs, plot_metrics, plot_scatter, plot_weights
 
-DPI = 100
 GOOD_TEXT = {"lower": "lower", "higher": "higher", "neutral": "control"}
-VERDICT_WORD = {PASS: "better", FAIL: "worse", UNSURE: "n.s.", None: "control"}
-VERDICT_COLOR = {PASS: "#2ca02c", FAIL: "#d62728", UNSURE: "#7f7f7f", None: "#9ecae1"}
-FIXED_COLORS = {"sft": "#7f7f7f", "baseline": "#1f77b4", "density": "#d62728"}
-OTHER_COLORS = ["#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 MAX_CELL_CHARS = 600
-
-
-def _save(fig: Figure, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})  # no version tag: stable bytes
-    write_bytes(path, buf.getvalue())
-
-
-def _colors(names) -> dict[str, str]:
-    """The same colour for a model/variant in every figure: found by name, else the next spare one."""
-    out, n_other = {}, 0
-    for name in names:
-        key = next((k for k in FIXED_COLORS if k in name.lower()), None)
-        if key:
-            out[name] = FIXED_COLORS[key]
-        else:
-            out[name], n_other = OTHER_COLORS[n_other % len(OTHER_COLORS)], n_other + 1
-    return out
-
-
-def plot_metrics(result: dict, path: Path) -> None:
-    """One panel per metric: each model's value with its bootstrap 95% interval."""
-    names, models = result["metrics"], result["models"]
-    cols = 5
-    rows = (len(names) + cols - 1) // cols
-    fig = Figure(figsize=(3.2 * cols, 2.6 * rows))
-    colors = _colors(models)
-    for j, name in enumerate(names):
-        ax = fig.add_subplot(rows, cols, j + 1)
-        vals = np.array([result["values"][m][name] for m in models])
-        lo = np.array([result["ci"][m][name][0] for m in models])
-        hi = np.array([result["ci"][m][name][1] for m in models])
-        # pooled self-BLEU's interval can miss the full-pool value (see compare.py): clamp the whiskers
-        err = np.vstack([np.maximum(vals - lo, 0), np.maximum(hi - vals, 0)])
-        x = np.arange(len(models))
-        ax.bar(x, vals, yerr=err, color=[colors[m] for m in models], capsize=3)
-        ax.set_xticks(x, [m.replace("grpo_", "") for m in models], fontsize=7)
-        d = result["delta"][name]
-        ax.set_title(f"{METRIC_BY_NAME[name].label}\n{VERDICT_WORD[d['verdict']]}", fontsize=8,
-                     color=VERDICT_COLOR[d["verdict"]] if d["verdict"] in (PASS, FAIL) else "black")
-        ax.tick_params(axis="y", labelsize=7)
-        ax.yaxis.set_major_locator(MaxNLocator(4))  # fewer tick labels: text is most of the drawing time
-    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.04, top=0.95, wspace=0.3, hspace=0.55)  # tight_layout: slow
-    _save(fig, path)
-
-
-def plot_delta(result: dict, path: Path) -> None:
-    """Forest plot: density - baseline relative to the baseline value, with its 95% interval."""
-    a, b = result["pair"]
-    rows = []
-    for name in result["metrics"]:
-        base = result["values"][b][name]
-        if base != 0:
-            d = result["delta"][name]
-            rows.append((METRIC_BY_NAME[name].label, 100 * np.array([d["value"], d["ci_low"], d["ci_high"]]) / abs(base),
-                         d["verdict"]))
-    fig = Figure(figsize=(7, 0.35 * len(rows) + 1.2))
-    ax = fig.add_subplot(1, 1, 1)
-    for i, (label, (v, lo, hi), ver) in enumerate(rows):
-        y = len(rows) - 1 - i
-        ax.plot([lo, hi], [y, y], color=VERDICT_COLOR[ver], linewidth=2)
-        ax.plot([v], [y], "o", color=VERDICT_COLOR[ver])
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)], fontsize=8)
-    ax.set_xlabel(f"{a} - {b}, % of {b} (95% bootstrap interval)")
-    ax.set_title("green: better, red: worse, grey: not significant, blue: control", fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def plot_logs(logs: dict[str, pd.DataFrame], path: Path) -> None:
-    """Per-step reward (raw, thin; rolling mean, thick) and KL / entropy where every log has them."""
-    for variant, df in logs.items():
-        for col in ("step", "reward_mean"):
-            if col not in df.columns:
-                raise ValueError(f"logs[{variant!r}]: missing column {col!r} (has {list(df.columns)})")
-    panels = ["reward_mean"] + [c for c in ("kl", "entropy") if all(c in df.columns for df in logs.values())]
-    fig = Figure(figsize=(4.5 * len(panels), 3.4))
-    colors = _colors(logs)
-    for j, col in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), j + 1)
-        for variant, df in logs.items():
-            df = df.sort_values("step")
-            y = df[col].astype(float)
-            ax.plot(df["step"], y, color=colors[variant], alpha=0.25, linewidth=0.8)
-            window = max(1, len(df) // 20)
-            ax.plot(df["step"], y.rolling(window, min_periods=1).mean(), color=colors[variant], label=variant)
-        ax.set_xlabel("step")
-        ax.set_title(col, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def _shares(weights: dict[str, dict[str, float]]) -> dict[str, pd.Series]:
-    out = {}
-    for variant, groups in weights.items():
-        s = pd.Series(groups, dtype=float).sort_index()
-        if s.empty or not np.isfinite(s.to_numpy()).all() or (s < 0).any() or s.sum() <= 0:
-            raise ValueError(f"weights[{variant!r}]: shares must be finite, >= 0 and not all 0")
-        out[variant] = s / s.sum()
-    return out
-
-
-def plot_weights(weights: dict[str, dict[str, float]], path: Path, top: int = 15) -> None:
-    """Left: the groups drawn most under uniform sampling (the baseline variant, else the first), share per
-    variant. Right: all groups by rank."""
-    shares = _shares(weights)
-    variants = sorted(shares, key=lambda v: "baseline" not in v.lower())  # stable: baseline first
-    ref = shares[variants[0]]
-    groups = ref.sort_values(ascending=False, kind="stable").index[:top].tolist()
-    fig = Figure(figsize=(11, 0.28 * len(groups) + 1.8))
-    colors = _colors(variants)
-    ax = fig.add_subplot(1, 2, 1)
-    height = 0.8 / len(variants)
-    for i, v in enumerate(variants):
-        y = np.arange(len(groups))[::-1] + i * height
-        ax.barh(y, [shares[v].get(g, 0.0) for g in groups], height=height, color=colors[v], label=v)
-    ax.set_yticks(np.arange(len(groups))[::-1] + 0.4 - height / 2, groups, fontsize=7)
-    ax.set_xlabel("share of drawn prompts")
-    ax.set_title(f"top {len(groups)} groups under {variants[0]}", fontsize=9)
-    ax.legend(fontsize=7)
-    ax = fig.add_subplot(1, 2, 2)
-    for v in variants:
-        s = np.sort(shares[v].to_numpy())[::-1]
-        ax.plot(np.arange(1, s.size + 1), s, color=colors[v], label=f"{v} (effective groups {1 / np.sum(s**2):.1f})")
-    ax.set_yscale("log")
-    ax.set_xlabel("group rank")
-    ax.set_ylabel("share")
-    ax.set_title("all groups", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    _save(fig, path)
+METHOD = ("\u0394 = mean over a's runs \u2212 mean over b's runs (one run per GRPO training seed; every run sampled on "
+          "the same prompts and sampling seeds). Its variance = the between-run variance (s\u00b2/R per variant: the "
+          "training seed) + the variant \u00d7 prompt part of a paired bootstrap over prompts, then seeds within a "
+          "prompt (the runs' own sampling noise, already in the first term, removed); 95% interval from Student's t "
+          "with Welch-Satterthwaite degrees of freedom (src/speedrun/eval/stats.py; calibration: "
+          "bench/verdict_calibration.py). Primary metrics (*) are tested under Holm's correction over the primary "
+          "list; the rest are secondary: unadjusted 95% intervals, exploratory, not a tally of independent wins. "
+          "Reward is judged by non-inferiority: not worse than b's by more than the margin. A variant with one run "
+          "has no between-run variance: its interval covers prompts only and it gets no verdict.")
 
 
 def _fmt(name: str, x: float, signed: bool = False) -> str:
@@ -172,26 +39,10 @@ def _cell(text: str) -> str:
     return text.strip().replace("\n", "<br>") or "*(empty)*"
 
 
-def _metric_tables(result: dict) -> list[str]:
-    models, (a, b) = result["models"], result["pair"]
-    out, group = [], None
-    for name in result["metrics"]:
-        m, d = METRIC_BY_NAME[name], result["delta"][name]
-        if m.group != group:
-            group = m.group
-            out += ["", f"### {group}", "",
-                    "| metric | better | " + " | ".join(models) + f" | \u0394 {a} \u2212 {b} | 95% CI | verdict |",
-                    "|---|---|" + "---:|" * len(models) + "---:|---|---|"]
-        vals = " | ".join(_fmt(name, result["values"][mm][name]) for mm in models)
-        ci = f"[{_fmt(name, d['ci_low'], True)}, {_fmt(name, d['ci_high'], True)}]"
-        out.append(f"| {m.label} | {GOOD_TEXT[m.good]} | {vals} | {_fmt(name, d['value'], True)} | {ci} "
-                   f"| {d['verdict'] or 'control'} |")
-    return out
-
-
 def _examples(result: dict, samples: pd.DataFrame, n_examples: int) -> list[str]:
-    """A few prompts (picked by a stable hash, not by score), the first sample of each model side by side."""
-    models = result["models"]
+    """A few prompts (picked by a stable hash, not by score), the first sample of the reference and of each
+    variant's first run side by side."""
+    models = ([result["reference"]] if result["reference"] else []) + [runs[0] for runs in result["variants"].values()]
     df = samples.assign(prompt_id=samples["prompt_id"].astype(str))
     prompts = sorted(df["prompt_id"].unique(), key=lambda p: stable_hash("example", p))[:n_examples]
     out = []
@@ -208,70 +59,130 @@ def _examples(result: dict, samples: pd.DataFrame, n_examples: int) -> list[str]
     return out
 
 
+def _ci(name: str, d: dict) -> str:
+    return f"[{_fmt(name, d['ci_low'], True)}, {_fmt(name, d['ci_high'], True)}]"
+
+
+def verdict_line(result: dict, c: dict) -> str:
+    """One sentence: the answer for comparison c and its uncertainty."""
+    a, b = c["a"], c["b"]
+    runs = f"{len(c['runs_a'])} vs {len(c['runs_b'])} GRPO training seeds"
+    prim = [n for n in result["primary"] if n in c["delta"]]
+    if not c["seed_variance"]:
+        return (f"**No verdict** on {a} vs {b}: {runs}; with one run per variant the training seed's variance "
+                "cannot be estimated (set several `grpo.seeds`).")
+    better = [METRIC_BY_NAME[n].label for n in prim if c["delta"][n]["verdict"] == PASS]
+    worse = [METRIC_BY_NAME[n].label for n in prim if c["delta"][n]["verdict"] == FAIL]
+    if better and not worse:
+        div = f"more diverse on {', '.join(better)}"
+    elif worse and not better:
+        div = f"less diverse on {', '.join(worse)}"
+    elif better and worse:
+        div = f"mixed: better on {', '.join(better)}, worse on {', '.join(worse)}"
+    else:
+        div = "no significant difference in diversity"
+    parts = [f"**{a} vs {b}** ({runs}): {div} (primary: " + ", ".join(
+        f"{METRIC_BY_NAME[n].label} {_fmt(n, c['delta'][n]['value'], True)} {_ci(n, c['delta'][n])}, Holm p "
+        f"{c['delta'][n]['p_holm']:.2f}" for n in prim) + ")"]
+    if c["noninferiority"] and "reward" in c["delta"]:
+        r, ni = c["delta"]["reward"], c["noninferiority"]
+        parts.append(f"reward {ni['verdict']} at margin {ni['margin']:g} (\u0394 {_fmt('reward', r['value'], True)} "
+                     f"{_ci('reward', r)})")
+    return "; ".join(parts) + "."
+
+
+def _runs_table(result: dict) -> list[str]:
+    cols = result["primary"] + [n for n in ("reward", "ref_loglik") if n in result["metrics"]]
+    variant_of = {r: v for v, runs in result["variants"].items() for r in runs}
+    out = ["| model | variant | " + " | ".join(METRIC_BY_NAME[n].label + (" *" if n in result["primary"] else "")
+                                                for n in cols) + " |", "|---|---|" + "---:|" * len(cols)]
+    for m in result["models"]:
+        out.append(f"| {m} | {variant_of.get(m, 'reference' if m == result['reference'] else '')} | "
+                   + " | ".join(_fmt(n, result["values"][m][n]) for n in cols) + " |")
+    return out
+
+
+def _comparison_table(result: dict, c: dict) -> list[str]:
+    a, b = c["a"], c["b"]
+    roles = {"primary": 0, "secondary": 1, "control": 2}
+    names = sorted(result["metrics"], key=lambda n: (roles[c["delta"][n]["role"]], result["metrics"].index(n)))
+    out = [f"| metric | role | better | {a} (mean) | {b} (mean) | \u0394 | 95% CI | p | verdict |",
+           "|---|---|---|---:|---:|---:|---|---:|---|"]
+    for n in names:
+        d, m = c["delta"][n], METRIC_BY_NAME[n]
+        mean = lambda runs: float(np.mean([result["values"][r][n] for r in runs]))  # noqa: E731
+        p = f"{d['p_holm']:.3f} (Holm)" if "p_holm" in d else f"{d['p']:.3f}"
+        ver = d["verdict"] or ("control" if d["role"] == "control" else "no verdict")
+        if n == "reward" and c["noninferiority"] and c["noninferiority"]["verdict"]:
+            ver += f" \u00b7 {c['noninferiority']['verdict']} (margin {c['noninferiority']['margin']:g})"
+        out.append(f"| {m.label} | {d['role']} | {GOOD_TEXT[m.good]} | {_fmt(n, mean(c['runs_a']))} | "
+                   f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {ver} |")
+    return out
+
+
+def _reference_table(result: dict) -> list[str]:
+    ref = result["reference"]
+    cols = [n for n in ("reward", "ref_loglik") if n in result["metrics"]]
+    out = [f"| variant or run | " + " | ".join(f"\u0394 {METRIC_BY_NAME[n].label} \u2212 {ref} | 95% CI" for n in cols)
+           + " |", "|---|" + "---:|---|" * len(cols)]
+    rows = list(result["vs_reference"].items()) + list(result["runs_vs_reference"].items())
+    for name, by_metric in rows:
+        bold = "**" if name in result["vs_reference"] else ""
+        out.append(f"| {bold}{name}{bold} | " + " | ".join(
+            f"{_fmt(n, by_metric[n]['value'], True)} | {_ci(n, by_metric[n])} {by_metric[n]['verdict'] or ''}"
+            for n in cols) + " |")
+    return out
+
+
 def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFrame],
                  weights: dict[str, dict[str, float]], out_md: Path, fig_dir: Path, setup: dict,
                  extra_sections: list[str] | None = None, n_examples: int = 3) -> str:
-    """Write out_md and its figures (metrics.png, delta.png, reward_curves.png, sampling_weights.png)
-    into fig_dir; returns the markdown. logs: per-step GRPO log per variant (step, reward_mean; kl and
-    entropy plotted when present). weights: {variant: {group: sampling share}}. Empty logs/weights skip
-    their figure. extra_sections: markdown blocks appended at the end, in order."""
+    """Write out_md and its figures into fig_dir (metrics.png, forest_<a>_vs_<b>.png, scatter.png,
+    reward_curves.png, sampling_weights.png); returns the markdown. logs: per-step GRPO log per run (step,
+    reward_mean; kl and entropy plotted when present). weights: {variant: {group: sampling share}}. Empty
+    logs/weights skip their figure. extra_sections: markdown blocks appended at the end, in order."""
     out_md, fig_dir = Path(out_md), Path(fig_dir)
     rel = lambda name: Path(os.path.relpath(fig_dir / name, out_md.parent)).as_posix()  # noqa: E731
-    a, b = result["pair"]
     s = result["setup"]
     plot_metrics(result, fig_dir / "metrics.png")
-    plot_delta(result, fig_dir / "delta.png")
-
-    lines = ["# Diversity evaluation: density-aware vs uniform prompt sampling", "", "## Setup", ""]
+    lines = ["# Diversity evaluation: density-aware vs uniform prompt sampling", ""]
+    lines += [verdict_line(result, c) for c in result["comparisons"]]
+    lines += ["", "## Setup", ""]
     lines += [f"- **{k}**: {v if isinstance(v, (str, int, float)) else json.dumps(v, sort_keys=True)}"
               for k, v in setup.items()]
     lo, hi = s["samples_per_cell"]
     per_cell = str(lo) if lo == hi else f"{lo}\u2013{hi}"
-    lines += [f"- **evaluated**: {s['n_prompts']} prompts \u00d7 seeds {s['seeds']} \u00d7 "
-              f"{per_cell} samples = {s['responses_per_model']} "
-              f"responses per model ({', '.join(result['models'])})",
-              f"- **statistics**: \u0394 = {a} \u2212 {b}; paired bootstrap over prompts, then seeds within a prompt "
-              f"({s['n_boot']} draws, seed {s['bootstrap_seed']}), 95% percentile interval; a resampled pool repeats "
-              "prompts, which adds tokens but no new types, so the draws of distinct-n, EAD, unique/total and Gini "
-              "are rescaled to the full-pool value (pooled self-BLEU is not, and its interval can sit off its "
-              f"\u0394); self-BLEU-4 on "
-              f"{s['self_bleu_k']} responses (nltk method-1 smoothing); EAD vocabulary V = {s['ead_vocab_size']} "
-              f"(n = 1, 2, 3); words = `\\b\\w+\\b` on lowercased text",
-              "- **what the interval leaves out**: GRPO's own training seed. Each variant is one training run, so a "
-              "verdict says these two runs differ, not that the samplers do; only agreement over several training "
-              "seeds says that"]
+    prim = ", ".join(METRIC_BY_NAME[n].label for n in result["primary"]) or "none"
+    lines += [f"- **evaluated**: {s['n_prompts']} prompts \u00d7 seeds {s['seeds']} \u00d7 {per_cell} samples = "
+              f"{s['responses_per_model']} responses per model ({len(result['models'])} models)",
+              f"- **primary outcomes** (Holm): {prim}; reward: non-inferiority at margin {s['reward_margin']:g}",
+              f"- **statistics**: {METHOD}",
+              f"- **metric details**: bootstrap {s['n_boot']} draws (seed {s['bootstrap_seed']}); the draws of "
+              "distinct-n, EAD and Gini are rescaled to the full-pool value (a resampled pool repeats prompts, adding "
+              f"tokens but no types); self-BLEU-4 on {s['self_bleu_k']} responses (nltk method-1 smoothing); EAD "
+              f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3); words = `\\b\\w+\\b` on lowercased text"]
 
-    directional = [n for n in result["metrics"] if METRIC_BY_NAME[n].good != "neutral"]
-    count = {v: sum(result["delta"][n]["verdict"] == v for n in directional) for v in (PASS, FAIL, UNSURE)}
-    lines += ["", "## Summary", "",
-              f"{PASS} {count[PASS]} better, {FAIL} {count[FAIL]} worse, {UNSURE} {count[UNSURE]} not significant, "
-              f"of {len(directional)} metrics with a direction ({a} vs {b}). {PASS} only where the 95% interval "
-              "excludes zero in the good direction; length is a control without a verdict."]
-    if "reward" in result["delta"]:
-        d = result["delta"]["reward"]
-        word = {PASS: "gained", FAIL: "lost", UNSURE: "kept (no significant difference)"}[d["verdict"]]
-        lines += ["", f"Reward {word}: {a} {_fmt('reward', result['values'][a]['reward'])} vs {b} "
-                  f"{_fmt('reward', result['values'][b]['reward'])}, \u0394 {_fmt('reward', d['value'], True)} "
-                  f"[{_fmt('reward', d['ci_low'], True)}, {_fmt('reward', d['ci_high'], True)}]."]
-
+    lines += ["", "## Runs", "", "Every run on the same held-out prompts and sampling seeds (* primary).", ""]
+    lines += _runs_table(result)
     if result.get("vs_reference"):
-        ref = result["reference"]
-        lines += ["", f"Against {ref} (paired, same draws): did GRPO move the reward at all?", "",
-                  f"| model | mean RM reward | \u0394 \u2212 {ref} | 95% CI | verdict |", "|---|---:|---:|---|---|"]
-        for m, by_metric in result["vs_reference"].items():
-            d = by_metric["reward"]
-            lines.append(f"| {m} | {_fmt('reward', result['values'][m]['reward'])} | "
-                         f"{_fmt('reward', d['value'], True)} | [{_fmt('reward', d['ci_low'], True)}, "
-                         f"{_fmt('reward', d['ci_high'], True)}] | {d['verdict']} |")
-
-    lines += ["", "## Metrics"] + _metric_tables(result)
-    lines += ["", f"![metrics per model with 95% intervals]({rel('metrics.png')})", "",
-              f"![relative difference with 95% intervals]({rel('delta.png')})"]
+        lines += ["", f"## Against {result['reference']}", "",
+                  f"Did GRPO move the model? Each variant (bold: pooled over its runs, interval with the training "
+                  f"seed) and each run (paired bootstrap over prompts) against {result['reference']}.", ""]
+        lines += _reference_table(result)
+    for c in result["comparisons"]:
+        name = f"forest_{c['a']}_vs_{c['b']}.png"
+        plot_forest(result, c, fig_dir / name)
+        lines += ["", f"## {c['a']} \u2212 {c['b']}", ""] + _comparison_table(result, c)
+        lines += ["", f"![{c['a']} minus {c['b']}: per-seed differences and pooled intervals]({rel(name)})"]
+    if result["primary"] and "reward" in result["metrics"]:
+        plot_scatter(result, result["primary"][0], fig_dir / "scatter.png")
+        lines += ["", f"![reward against {result['primary'][0]} per run]({rel('scatter.png')})"]
+    lines += ["", f"![metrics per model with 95% intervals over prompts]({rel('metrics.png')})"]
 
     lines += ["", "## Training curves", ""]
     if logs:
         plot_logs(logs, fig_dir / "reward_curves.png")
-        lines += [f"![reward per step of both GRPO runs]({rel('reward_curves.png')})"]
+        lines += [f"![reward, KL and entropy per step of every GRPO run]({rel('reward_curves.png')})"]
     else:
         lines += ["*(no GRPO logs given)*"]
 
