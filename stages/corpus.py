@@ -4,16 +4,22 @@ import typer
 
 from speedrun.common import write_json, write_parquet
 from speedrun.data import corpus
+from speedrun.params import param_default
 
 
 def main(
-    source: str = typer.Option("embedded", help="embedded (stdlib docstrings + pydoc topics) or hf"),
-    val_frac: float = typer.Option(0.1, help="fraction of split units (modules / docs) sent to val"),
-    hf_path: str = typer.Option("HuggingFaceFW/fineweb-edu", help="hub id, local dir in hub layout, or a .parquet/.jsonl file"),
-    hf_name: str = typer.Option("", help="dataset config name, e.g. sample-10BT ('' = none)"),
-    hf_split: str = typer.Option("train", help="split to stream"),
-    text_column: str = typer.Option("text", help="column holding the document text"),
-    max_docs: int = typer.Option(50_000, help="documents to read at most (hf: rows streamed; embedded: first N objects)"),
+    source: str = typer.Option(param_default("corpus.source"),
+                               help="embedded (stdlib docstrings + pydoc topics) or hf"),
+    val_frac: float = typer.Option(param_default("corpus.val_frac"),
+                                   help="fraction of split units (modules / docs) sent to val"),
+    hf_path: str = typer.Option(param_default("corpus.hf_path"),
+                                help="hub id, local dir in hub layout, or a .parquet/.jsonl file"),
+    hf_name: str = typer.Option(param_default("corpus.hf_name"),
+                                help="dataset config name, e.g. sample-10BT ('' = none)"),
+    hf_split: str = typer.Option(param_default("corpus.hf_split"), help="split to stream"),
+    text_column: str = typer.Option(param_default("corpus.text_column"), help="column holding the document text"),
+    max_docs: int = typer.Option(param_default("corpus.max_docs"),
+                                 help="documents to read at most (hf: rows streamed; embedded: first N objects)"),
     out_dir: Path = typer.Option(Path("data/corpus"), help="output directory"),
 ) -> None:
     if source == "embedded":
