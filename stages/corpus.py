@@ -1,9 +1,11 @@
-"""Stage corpus: build data/corpus/{train,val}.parquet and stats.json."""
+"""Stage corpus: build data/corpus/{train,val}.parquet, objects.parquet (the stdlib object table every embedded
+source reads: the only stage that reads the interpreter's files) and stats.json."""
 from pathlib import Path
 import typer
 
 from speedrun.common import write_json, write_parquet
 from speedrun.data import corpus
+from speedrun.data.docstrings import collect, objects_frame, objects_stats
 from speedrun.params import param_default
 
 
@@ -22,14 +24,17 @@ def main(
                                  help="documents to read at most (hf: rows streamed; embedded: first N objects)"),
     out_dir: Path = typer.Option(Path("data/corpus"), help="output directory"),
 ) -> None:
-    if source == "embedded":
-        docs, file_skips = corpus.embedded_docs(val_frac, max_docs)
-    elif source == "hf":
-        docs, file_skips = corpus.hf_docs(hf_path, hf_name or None, hf_split, text_column, max_docs, val_frac), None
-    else:
+    if source not in ("embedded", "hf"):
         raise typer.BadParameter(f"--source must be embedded or hf, not {source!r}")
+    objects, file_skips = collect()  # the embedded SFT and pair sources need them whatever the corpus source
+    if source == "embedded":
+        docs = corpus.embedded_docs(objects, val_frac, max_docs)
+    else:
+        docs, file_skips = corpus.hf_docs(hf_path, hf_name or None, hf_split, text_column, max_docs, val_frac), None
     frames, stats = corpus.build(docs, file_skips)
     stats["source"] = source
+    stats["read"] = objects_stats(objects)
+    write_parquet(out_dir / "objects.parquet", objects_frame(objects))
     for split, df in frames.items():
         write_parquet(out_dir / f"{split}.parquet", df)
     write_json(out_dir / "stats.json", stats)

@@ -10,6 +10,7 @@ import typer
 
 from speedrun.common import write_json
 from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se, pairs_uf
+from speedrun.data.docstrings import load_objects
 from speedrun.params import param_default
 
 
@@ -35,6 +36,8 @@ def main(
         help="embedded pairs per object: its question and answer against this many distinct negatives"),
     val_frac: float = typer.Option(param_default("corpus.val_frac"),
         help="embedded pairs: the corpus val fraction, recorded in `split` (train/val)"),
+    objects: Path = typer.Option(Path("data/corpus/objects.parquet"), help="the corpus stage's object table "
+                                                                           "(embedded pairs)"),
     out_dir: Path = typer.Option(Path("data/pairs"), help="output directory"),
 ) -> None:
     disabled = {"hh": no_hh, "uf": no_uf, "se": no_se, "embedded": no_embedded}
@@ -54,7 +57,8 @@ def main(
         "hh": lambda: pairs_hh.source(hh_path),
         "uf": lambda: pairs_uf.source(uf_path),
         "se": lambda: pairs_se.source(se_path, se_max_pairs_per_question, se_data_dir),
-        "embedded": lambda: pairs_embedded.source(embedded_hard_frac, val_frac, negatives=embedded_negatives),
+        "embedded": lambda: pairs_embedded.source(load_objects(objects), embedded_hard_frac, val_frac,
+                                                  negatives=embedded_negatives),
     }
     stats = pairs.build({s: make[s]() for s in chosen}, out_dir / "pairs.parquet", limit_per_source)
     stats["limit_per_source"] = limit_per_source

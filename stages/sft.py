@@ -56,6 +56,8 @@ def main(
     device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
     dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
     nproc: int = typer.Option(param_default("compute.nproc"), help="processes (torchrun) for DDP; 1 = plain python"),
+    objects: Path = typer.Option(Path("data/corpus/objects.parquet"), help="the corpus stage's object table "
+                                                                           "(embedded conversations)"),
     out_dir: Path = typer.Option(Path("outs/sft"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/sft.json"), help="metrics JSON"),
 ) -> None:
@@ -64,7 +66,7 @@ def main(
     tok = tokenizer_lib.load(tokenizer_dir)
     skipped: dict[str, int] = {}
     if source == "embedded":
-        convs = sft_data.embedded_conversations(val_frac, seed, per_object, skipped)
+        convs = sft_data.embedded_conversations(objects, val_frac, seed, per_object, skipped)
     elif source == "hf":
         train_convs, skipped = sft_data.hf_conversations(hf_path, hf_name or None, hf_split, max_rows)
         val_convs, val_skipped = sft_data.hf_conversations(hf_path, hf_name or None, hf_val_split, eval_convs)
