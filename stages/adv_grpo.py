@@ -14,6 +14,7 @@ from speedrun.reward.discriminator import load_discriminator
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
+from speedrun.params import param_default
 
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes
 
@@ -24,24 +25,31 @@ def main(
     disc_dir: Path = typer.Option(Path("outs/adv/cycle_1/disc"), help="this cycle's discriminator (frozen)"),
     corpus_dir: Path = typer.Option(Path("data/corpus"), help="train.parquet: natural prefixes"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    seq_len: int = typer.Option(64, help="N: prefix + completion tokens, as in the discriminator's data"),
-    prompts: int = typer.Option(512, help="prompt pool: natural prefixes of random length in [1, N/2]"),
-    steps: int = typer.Option(20, help="GRPO steps (at most)"),
-    prompts_per_step: int = typer.Option(4, help="prompts per step"),
-    group_size: int = typer.Option(4, help="completions per prompt"),
-    lr: float = typer.Option(1e-4, help="AdamW learning rate"),
-    beta: float = typer.Option(0.04, help="k3 KL coefficient to policy i-1"),
-    clip_eps: float = typer.Option(0.2, help="PPO ratio clip"),
+    seq_len: int = typer.Option(param_default("adversarial.seq_len"),
+                                help="N: prefix + completion tokens, as in the discriminator's data"),
+    prompts: int = typer.Option(param_default("adversarial.grpo.prompts"),
+                                help="prompt pool: natural prefixes of random length in [1, N/2]"),
+    steps: int = typer.Option(param_default("adversarial.grpo.steps"), help="GRPO steps (at most)"),
+    prompts_per_step: int = typer.Option(param_default("adversarial.grpo.prompts_per_step"), help="prompts per step"),
+    group_size: int = typer.Option(param_default("adversarial.grpo.group_size"), help="completions per prompt"),
+    lr: float = typer.Option(param_default("adversarial.grpo.lr"), help="AdamW learning rate"),
+    beta: float = typer.Option(param_default("beta"), help="k3 KL coefficient to policy i-1"),
+    clip_eps: float = typer.Option(param_default("adversarial.grpo.clip_eps"), help="PPO ratio clip"),
     inner_updates: int = typer.Option(1, help="optimizer passes per batch of samples"),
-    warmup_steps: int = typer.Option(3, help="linear lr warmup steps"),
-    temperature: float = typer.Option(1.0, help="sampling temperature (same as adv_data's)"),
-    reward: str = typer.Option("prob", help="prob: mean P(natural) of the completion | logit: mean log D/(1-D)"),
-    reward_threshold: float = typer.Option(0.9, help="stop when a step's mean P(natural) reaches this"),
-    patience: int = typer.Option(8, help="steps without the reward's moving average improving before stopping"),
-    min_delta: float = typer.Option(0.001, help="improvement of the moving average that resets patience"),
-    seed: int = typer.Option(1337, help="seed of prompts and sampling"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
+    warmup_steps: int = typer.Option(param_default("adversarial.grpo.warmup_steps"), help="linear lr warmup steps"),
+    temperature: float = typer.Option(param_default("adversarial.temperature"),
+                                      help="sampling temperature (same as adv_data's)"),
+    reward: str = typer.Option(param_default("adversarial.grpo.reward"),
+                               help="prob: mean P(natural) of the completion | logit: mean log D/(1-D)"),
+    reward_threshold: float = typer.Option(param_default("adversarial.grpo.reward_threshold"),
+                                           help="stop when a step's mean P(natural) reaches this"),
+    patience: int = typer.Option(param_default("adversarial.grpo.patience"),
+                                 help="steps without the reward's moving average improving before stopping"),
+    min_delta: float = typer.Option(param_default("adversarial.grpo.min_delta"),
+                                    help="improvement of the moving average that resets patience"),
+    seed: int = typer.Option(param_default("seed"), help="seed of prompts and sampling"),
+    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
+    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("outs/adv/cycle_1/policy"), help="model.pt, meta.json, log.csv, metrics.json"),
 ) -> None:
     device = pick_device(device)

@@ -15,6 +15,7 @@ from speedrun.train.checkpoint import load_model
 from speedrun.train.distributed import Dist
 from speedrun.train.loop import TrainConfig, autocast, train
 from speedrun.train.outputs import write_logs
+from speedrun.params import param_default
 
 
 @torch.no_grad()
@@ -29,18 +30,22 @@ def main(
     init_dir: Path = typer.Option(Path("outs/pretrain"), help="policy i-1: the trunk is initialised from it"),
     data_dir: Path = typer.Option(Path("data/adv/cycle_1"), help="adv_data output: train/val.parquet, stats.json"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    head: str = typer.Option("token", help="token (per-token BCE, mean estimates K/N) | pooled (last token, 2-way)"),
-    train_last_blocks: int = typer.Option(0, help="trunk blocks trained with the head (0 = frozen trunk)"),
-    steps: int = typer.Option(300, help="optimizer steps (at most)"),
-    batch_size: int = typer.Option(32, help="sequences per step"),
-    lr: float = typer.Option(3e-3, help="peak AdamW learning rate"),
-    warmup_steps: int = typer.Option(10, help="linear warmup steps"),
-    eval_every: int = typer.Option(25, help="steps between val evaluations"),
-    patience: int = typer.Option(4, help="evals without val-loss improvement before stopping (0 = off)"),
-    min_delta: float = typer.Option(0.001, help="improvement in val loss that resets patience"),
-    seed: int = typer.Option(1337, help="seed of head init and batch order"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
+    head: str = typer.Option(param_default("adversarial.rm.head"),
+                             help="token (per-token BCE, mean estimates K/N) | pooled (last token, 2-way)"),
+    train_last_blocks: int = typer.Option(param_default("adversarial.rm.train_last_blocks"),
+                                          help="trunk blocks trained with the head (0 = frozen trunk)"),
+    steps: int = typer.Option(param_default("adversarial.rm.steps"), help="optimizer steps (at most)"),
+    batch_size: int = typer.Option(param_default("adversarial.rm.batch_size"), help="sequences per step"),
+    lr: float = typer.Option(param_default("adversarial.rm.lr"), help="peak AdamW learning rate"),
+    warmup_steps: int = typer.Option(param_default("adversarial.rm.warmup_steps"), help="linear warmup steps"),
+    eval_every: int = typer.Option(param_default("adversarial.rm.eval_every"), help="steps between val evaluations"),
+    patience: int = typer.Option(param_default("adversarial.rm.patience"),
+                                 help="evals without val-loss improvement before stopping (0 = off)"),
+    min_delta: float = typer.Option(param_default("adversarial.rm.min_delta"),
+                                    help="improvement in val loss that resets patience"),
+    seed: int = typer.Option(param_default("seed"), help="seed of head init and batch order"),
+    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
+    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("outs/adv/cycle_1/disc"), help="model.pt, meta.json, log/eval.csv, metrics.json"),
 ) -> None:
     t0 = time.perf_counter()

@@ -15,6 +15,7 @@ from speedrun.eval.sampling import run_name, sample_models
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
+from speedrun.params import param_default
 
 def rm_summary(rm_dir: Path) -> str:
     """The RM's held-out accuracy, flagged when it is constant or near chance: then GRPO had little to follow."""
@@ -43,19 +44,24 @@ def main(
     sft_dir: Path = typer.Option(Path("outs/sft"), help="the reference model every run started from"),
     runs_dir: Path = typer.Option(Path("outs/grpo"), help="GRPO runs, one dir <variant>_s<seed> each"),
     params: Path = typer.Option(Path("params.yaml"), help="grpo.variants and grpo.seeds: the runs evaluated"),
-    comparisons: str = typer.Option("density:baseline", help="comma list of a:b variant pairs, a - b reported"),
-    primary: str = typer.Option("ead_1,distinct_2,self_bleu", help="comma list: primary outcomes (Holm)"),
-    reward_margin: float = typer.Option(0.1, help="non-inferiority margin of the reward (standardised RM units)"),
-    max_prompts: int = typer.Option(64, help="held-out prompts used (the first N by prompt_id; 0 = all)"),
+    comparisons: str = typer.Option(param_default("eval.comparisons"),
+                                    help="comma list of a:b variant pairs, a - b reported"),
+    primary: str = typer.Option(param_default("eval.primary"), help="comma list: primary outcomes (Holm)"),
+    reward_margin: float = typer.Option(param_default("eval.reward_margin"),
+                                        help="non-inferiority margin of the reward (standardised RM units)"),
+    max_prompts: int = typer.Option(param_default("eval.max_prompts"),
+                                    help="held-out prompts used (the first N by prompt_id; 0 = all)"),
     max_prompt_len: int = typer.Option(128, help="prompts are cut to their last N tokens"),
-    samples_per_prompt: int = typer.Option(4, help="completions per prompt and seed"),
-    seeds: int = typer.Option(3, help="sampling seeds"),
-    max_new_tokens: int = typer.Option(48, help="completion token budget"),
-    temperature: float = typer.Option(1.0, help="sampling temperature (same for every model)"),
-    top_p: float = typer.Option(1.0, help="nucleus mass (same for every model)"),
-    n_boot: int = typer.Option(1000, help="bootstrap draws for the intervals"),
-    seed: int = typer.Option(1337, help="base seed"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    samples_per_prompt: int = typer.Option(param_default("eval.samples_per_prompt"),
+                                           help="completions per prompt and seed"),
+    seeds: int = typer.Option(param_default("eval.seeds"), help="sampling seeds"),
+    max_new_tokens: int = typer.Option(param_default("eval.max_new_tokens"), help="completion token budget"),
+    temperature: float = typer.Option(param_default("eval.temperature"),
+                                      help="sampling temperature (same for every model)"),
+    top_p: float = typer.Option(param_default("eval.top_p"), help="nucleus mass (same for every model)"),
+    n_boot: int = typer.Option(param_default("eval.n_boot"), help="bootstrap draws for the intervals"),
+    seed: int = typer.Option(param_default("seed"), help="base seed"),
+    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
     samples_out: Path = typer.Option(Path("outs/eval/samples.parquet"), help="every sampled response"),
     metrics: Path = typer.Option(Path("reports/metrics/diversity.json"), help="numbers for dvc metrics"),
     result_out: Path = typer.Option(Path("outs/eval/result.json"), help="the full comparison (intervals, verdicts)"),

@@ -17,6 +17,7 @@ from speedrun.rl.prompts import load_prompts, sampling_weights
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
+from speedrun.params import param_default
 
 
 def main(
@@ -28,29 +29,34 @@ def main(
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
     prompts: Path = typer.Option(Path("data/prompts/prompts.parquet"), help="deduplicated prompts (train split used)"),
     max_prompt_len: int = typer.Option(128, help="prompts are cut to their last N tokens"),
-    steps: int = typer.Option(40, help="GRPO steps"),
-    prompts_per_step: int = typer.Option(8, help="B: prompts drawn per step"),
-    group_size: int = typer.Option(8, help="G: completions sampled per prompt"),
-    max_new_tokens: int = typer.Option(48, help="completion token budget"),
-    temperature: float = typer.Option(1.0, help="sampling temperature (the loss uses the same distribution)"),
+    steps: int = typer.Option(param_default("grpo.steps"), help="GRPO steps"),
+    prompts_per_step: int = typer.Option(param_default("grpo.prompts_per_step"), help="B: prompts drawn per step"),
+    group_size: int = typer.Option(param_default("grpo.group_size"), help="G: completions sampled per prompt"),
+    max_new_tokens: int = typer.Option(param_default("grpo.max_new_tokens"), help="completion token budget"),
+    temperature: float = typer.Option(param_default("grpo.temperature"),
+                                      help="sampling temperature (the loss uses the same distribution)"),
     top_k: int = typer.Option(0, help="top-k sampling (0 = off)"),
-    top_p: float = typer.Option(1.0, help="nucleus sampling mass (1 = off)"),
-    lr: float = typer.Option(1e-4, help="AdamW learning rate"),
-    beta: float = typer.Option(0.04, help="KL coefficient (k3 estimator) against the SFT reference"),
-    clip_eps: float = typer.Option(0.2, help="PPO-style ratio clip"),
-    inner_updates: int = typer.Option(1, help="mu: gradient passes over each sampled batch"),
-    adv_scale: str = typer.Option("group", help="group | batch | none (Dr. GRPO)"),
-    truncated: str = typer.Option("keep", help="completions that hit --max-new-tokens without the stop token: "
-                                               "keep (in the loss) | mask (out of the loss; they still count in "
-                                               "their group's advantages)"),
-    density_k: int = typer.Option(10, help="neighbours for the density estimate"),
-    density_alpha: float = typer.Option(1.0, help="weight ∝ distance^alpha"),
-    density_max_ratio: float = typer.Option(10.0, help="max/min weight ratio after clipping"),
-    density_pooling: str = typer.Option("idf", help="prompt embedding: idf-weighted (template tokens shared by "
-                                                    "most prompts weigh ~0) or plain mean of the hidden states"),
+    top_p: float = typer.Option(param_default("grpo.top_p"), help="nucleus sampling mass (1 = off)"),
+    lr: float = typer.Option(param_default("grpo.lr"), help="AdamW learning rate"),
+    beta: float = typer.Option(param_default("beta"), help="KL coefficient (k3 estimator) against the SFT reference"),
+    clip_eps: float = typer.Option(param_default("grpo.clip_eps"), help="PPO-style ratio clip"),
+    inner_updates: int = typer.Option(param_default("grpo.inner_updates"),
+                                      help="mu: gradient passes over each sampled batch"),
+    adv_scale: str = typer.Option(param_default("grpo.adv_scale"), help="group | batch | none (Dr. GRPO)"),
+    truncated: str = typer.Option(param_default("grpo.truncated"),
+                                  help="completions that hit --max-new-tokens without the stop token: "
+                                       "keep (in the loss) | mask (out of the loss; they still count in "
+                                       "their group's advantages)"),
+    density_k: int = typer.Option(param_default("grpo.density_k"), help="neighbours for the density estimate"),
+    density_alpha: float = typer.Option(param_default("grpo.density_alpha"), help="weight ∝ distance^alpha"),
+    density_max_ratio: float = typer.Option(param_default("grpo.density_max_ratio"),
+                                            help="max/min weight ratio after clipping"),
+    density_pooling: str = typer.Option(param_default("grpo.density_pooling"),
+                                        help="prompt embedding: idf-weighted (template tokens shared by "
+                                             "most prompts weigh ~0) or plain mean of the hidden states"),
     seed: int = typer.Option(1, help="training seed: policy sampling and prompt draws (one run per grpo.seeds)"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
+    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
+    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
     out_dir: Path = typer.Option(Path("outs/grpo/density_s1"), help="model.pt, meta.json, log.csv, weights.parquet"),
     metrics: Path = typer.Option(Path("reports/metrics/grpo/density_s1.json"), help="metrics JSON"),
 ) -> None:
@@ -94,8 +100,10 @@ def main(
     shares_w = group_shares(weights, groups)
     shares_d = group_shares(draws.double() / draws.sum(), groups)
     k = max(1, len(log) // 5)
-    m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log), "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
-         "reward_end": round(float(log["reward_mean"][-k:].mean()), 4), "kl_end": round(float(log["kl"][-k:].mean()), 5),
+    m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log),
+         "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
+         "reward_end": round(float(log["reward_mean"][-k:].mean()), 4),
+         "kl_end": round(float(log["kl"][-k:].mean()), 5),
          "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
          "truncated_frac_end": round(float(log["truncated_frac"][-k:].mean()), 4),
          "truncated": truncated,

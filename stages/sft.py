@@ -11,42 +11,53 @@ from speedrun.train import data, distributed
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.loop import TrainConfig, train
 from speedrun.train.outputs import sample_texts, throughput, write_logs
+from speedrun.params import param_default
 
 
 def main(
     init_dir: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to start from"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    source: str = typer.Option("embedded", help="embedded (questions about stdlib objects) or hf (messages data)"),
-    val_frac: float = typer.Option(0.1, help="embedded: val share of modules (same split as the corpus)"),
-    per_object: int = typer.Option(0, help="embedded: question templates per object (0 = all)"),
-    hf_path: str = typer.Option("HuggingFaceTB/smoltalk", help="hub id or local dir in the hub layout"),
-    hf_name: str = typer.Option("all", help="dataset config name ('' = none)"),
+    source: str = typer.Option(param_default("sft.source"),
+                               help="embedded (questions about stdlib objects) or hf (messages data)"),
+    val_frac: float = typer.Option(param_default("corpus.val_frac"),
+                                   help="embedded: val share of modules (same split as the corpus)"),
+    per_object: int = typer.Option(param_default("sft.per_object"),
+                                   help="embedded: question templates per object (0 = all)"),
+    hf_path: str = typer.Option(param_default("sft.hf_path"), help="hub id or local dir in the hub layout"),
+    hf_name: str = typer.Option(param_default("sft.hf_name"), help="dataset config name ('' = none)"),
     hf_split: str = typer.Option("train", help="split to stream for training"),
     hf_val_split: str = typer.Option("test", help="split to stream for validation"),
-    max_rows: int = typer.Option(20_000, help="hf: rows to stream per split"),
-    max_len: int = typer.Option(256, help="conversations are cut to this many tokens"),
-    steps: int = typer.Option(200, help="optimizer steps (at most)"),
-    batch_size: int = typer.Option(32, help="conversations per optimizer step, all processes together"),
+    max_rows: int = typer.Option(param_default("sft.max_rows"), help="hf: rows to stream per split"),
+    max_len: int = typer.Option(param_default("sft.max_len"), help="conversations are cut to this many tokens"),
+    steps: int = typer.Option(param_default("sft.steps"), help="optimizer steps (at most)"),
+    batch_size: int = typer.Option(param_default("sft.batch_size"),
+                                   help="conversations per optimizer step, all processes together"),
     micro_batch: int = typer.Option(0, help="conversations per forward per process (0 = the whole share)"),
     micro_tokens: int = typer.Option(2048, help="re-cut micro-batches by length to at most this many padded "
                                                "tokens (same gradient, less padding; 0 = off)"),
-    lr: float = typer.Option(1e-3, help="peak learning rate"),
-    optimizer: str = typer.Option("adamw", help="adamw, or muon: Muon on the transformer blocks' matrices, "
-                                  "AdamW on embeddings, head and vectors (one lr for both)"),
+    lr: float = typer.Option(param_default("sft.lr"), help="peak learning rate"),
+    optimizer: str = typer.Option(param_default("sft.optimizer"),
+                                  help="adamw, or muon: Muon on the transformer blocks' matrices, "
+                                       "AdamW on embeddings, head and vectors (one lr for both)"),
     weight_decay: float = typer.Option(0.0, help="weight decay on matrices"),
-    warmup_steps: int = typer.Option(10, help="linear warmup steps"),
+    warmup_steps: int = typer.Option(param_default("sft.warmup_steps"), help="linear warmup steps"),
     final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
     grad_clip: float = typer.Option(1.0, help="max gradient norm"),
-    eval_every: int = typer.Option(50, help="steps between val evaluations"),
-    eval_convs: int = typer.Option(256, help="val conversations per evaluation"),
-    patience: int = typer.Option(3, help="evals without improvement before stopping (0 = off)"),
-    min_delta: float = typer.Option(0.005, help="improvement in val loss that resets patience"),
-    save_every: int = typer.Option(50, help="steps between scratch (resume) checkpoints; 0 = off"),
+    eval_every: int = typer.Option(param_default("sft.eval_every"), help="steps between val evaluations"),
+    eval_convs: int = typer.Option(param_default("sft.eval_convs"), help="val conversations per evaluation"),
+    patience: int = typer.Option(param_default("sft.patience"),
+                                 help="evals without improvement before stopping (0 = off)"),
+    min_delta: float = typer.Option(param_default("sft.min_delta"),
+                                    help="improvement in val loss that resets patience"),
+    save_every: int = typer.Option(param_default("sft.save_every"),
+                                   help="steps between scratch (resume) checkpoints; 0 = off"),
     scratch_dir: Path = typer.Option(Path("scratch/sft"), help="resume state (not a DVC out)"),
-    seed: int = typer.Option(1337, help="seed of data order and sampling"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
-    nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
+    seed: int = typer.Option(param_default("seed"), help="seed of data order and sampling"),
+    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
+    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
+    nproc: int = typer.Option(param_default("compute.nproc"), help="processes (torchrun) for DDP; 1 = plain python"),
+    objects: Path = typer.Option(Path("data/corpus/objects.parquet"), help="the corpus stage's object table "
+                                                                           "(embedded conversations)"),
     out_dir: Path = typer.Option(Path("outs/sft"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/sft.json"), help="metrics JSON"),
 ) -> None:
@@ -55,7 +66,7 @@ def main(
     tok = tokenizer_lib.load(tokenizer_dir)
     skipped: dict[str, int] = {}
     if source == "embedded":
-        convs = sft_data.embedded_conversations(val_frac, seed, per_object, skipped)
+        convs = sft_data.embedded_conversations(objects, val_frac, seed, per_object, skipped)
     elif source == "hf":
         train_convs, skipped = sft_data.hf_conversations(hf_path, hf_name or None, hf_split, max_rows)
         val_convs, val_skipped = sft_data.hf_conversations(hf_path, hf_name or None, hf_val_split, eval_convs)

@@ -7,11 +7,13 @@ import typer
 
 from speedrun import tokenizer as tok
 from speedrun.common import write_json
+from speedrun.params import param_default
 
 
 def main(
     corpus_dir: Path = typer.Option(Path("data/corpus"), help="directory with train.parquet and val.parquet"),
-    vocab_size: int = typer.Option(4096, help="total vocabulary size, special tokens included"),
+    vocab_size: int = typer.Option(param_default("tokenizer.vocab_size"),
+                                   help="total vocabulary size, special tokens included"),
     max_chars: int = typer.Option(50_000_000, help="train on at most this many characters of the train split"),
     out_dir: Path = typer.Option(Path("outs/tokenizer"), help="where the ranks file and JSON go"),
     metrics: Path = typer.Option(Path("reports/metrics/tokenizer.json"), help="metrics JSON"),

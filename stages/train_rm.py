@@ -18,6 +18,7 @@ from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.data import StepSampler
 from speedrun.train.loop import TrainConfig, autocast, train
 from speedrun.train.outputs import write_logs
+from speedrun.params import param_default
 
 
 def main(
@@ -26,35 +27,44 @@ def main(
                                           "(repeat the option: dedup's pairs and the on-policy pairs)"),
     init_dir: Path = typer.Option(Path("outs/sft"), help="checkpoint whose trunk the RM starts from"),
     tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    pool: str = typer.Option("last", help="last: the head reads the last token | mean: the mean of per-token "
-                                          "scores over the response"),
-    train_kinds: str = typer.Option("sft_sample", help="comma list of the pair kinds trained on (sft_sample, hard, "
-                                                "random, hh, uf, se) or all; every kind of the eval split is "
-                                                "scored at the end, only these pick the best checkpoint"),
-    train_last_blocks: int = typer.Option(2, help="trunk blocks trained, counted from the top (0 = head only; "
-                                                  ">= depth = the whole trunk, embedding included)"),
-    max_len: int = typer.Option(256, help="prompt+response tokens; longer responses are cut, keeping the last"),
-    steps: int = typer.Option(60, help="optimizer steps (at most)"),
-    batch_size: int = typer.Option(32, help="pairs per optimizer step, all processes together"),
+    pool: str = typer.Option(param_default("rm.pool"),
+                             help="last: the head reads the last token | mean: the mean of per-token "
+                                  "scores over the response"),
+    train_kinds: str = typer.Option(param_default("rm.train_kinds"),
+                                    help="comma list of the pair kinds trained on (sft_sample, hard, "
+                                         "random, hh, uf, se) or all; every kind of the eval split is "
+                                         "scored at the end, only these pick the best checkpoint"),
+    train_last_blocks: int = typer.Option(param_default("rm.train_last_blocks"),
+                                          help="trunk blocks trained, counted from the top (0 = head only; "
+                                               ">= depth = the whole trunk, embedding included)"),
+    max_len: int = typer.Option(param_default("rm.max_len"),
+                                help="prompt+response tokens; longer responses are cut, keeping the last"),
+    steps: int = typer.Option(param_default("rm.steps"), help="optimizer steps (at most)"),
+    batch_size: int = typer.Option(param_default("rm.batch_size"),
+                                   help="pairs per optimizer step, all processes together"),
     micro_batch: int = typer.Option(0, help="pairs per forward per process (0 = the whole share)"),
     micro_tokens: int = typer.Option(1024, help="re-cut micro-batches by length to at most this many padded "
                                                "tokens (same gradient, less padding; 0 = off)"),
-    lr: float = typer.Option(3e-3, help="peak AdamW learning rate"),
+    lr: float = typer.Option(param_default("rm.lr"), help="peak AdamW learning rate"),
     weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
-    warmup_steps: int = typer.Option(5, help="linear warmup steps"),
+    warmup_steps: int = typer.Option(param_default("rm.warmup_steps"), help="linear warmup steps"),
     final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
     grad_clip: float = typer.Option(1.0, help="max gradient norm"),
-    eval_every: int = typer.Option(30, help="steps between val evaluations"),
-    eval_pairs: int = typer.Option(0, help="val pairs per periodic evaluation, evenly spaced over the file "
-                                          "(0 = all); the final metrics score every val pair"),
-    patience: int = typer.Option(3, help="evals without improvement before stopping (0 = off)"),
-    min_delta: float = typer.Option(0.002, help="improvement in val BT loss that resets patience"),
-    save_every: int = typer.Option(30, help="steps between scratch (resume) checkpoints; 0 = off"),
+    eval_every: int = typer.Option(param_default("rm.eval_every"), help="steps between val evaluations"),
+    eval_pairs: int = typer.Option(param_default("rm.eval_pairs"),
+                                   help="val pairs per periodic evaluation, evenly spaced over the file "
+                                        "(0 = all); the final metrics score every val pair"),
+    patience: int = typer.Option(param_default("rm.patience"),
+                                 help="evals without improvement before stopping (0 = off)"),
+    min_delta: float = typer.Option(param_default("rm.min_delta"),
+                                    help="improvement in val BT loss that resets patience"),
+    save_every: int = typer.Option(param_default("rm.save_every"),
+                                   help="steps between scratch (resume) checkpoints; 0 = off"),
     scratch_dir: Path = typer.Option(Path("scratch/rm"), help="resume state (not a DVC out)"),
-    seed: int = typer.Option(1337, help="seed of data order"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("fp32", help=DTYPE_HELP),
-    nproc: int = typer.Option(1, help="processes (torchrun) for DDP; 1 = plain python"),
+    seed: int = typer.Option(param_default("seed"), help="seed of data order"),
+    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
+    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
+    nproc: int = typer.Option(param_default("compute.nproc"), help="processes (torchrun) for DDP; 1 = plain python"),
     out_dir: Path = typer.Option(Path("outs/rm"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/rm.json"), help="metrics JSON"),
 ) -> None:

@@ -60,13 +60,24 @@ def tiny_corpus(tmp_path_factory) -> Path:
     from speedrun.common import write_parquet
     from speedrun.data import corpus
 
+    from speedrun.data.docstrings import collect
     root = tmp_path_factory.mktemp("tiny")
-    docs, skips = corpus.embedded_docs(0.1, 300)
-    frames, _ = corpus.build(docs, skips)
+    objects, skips = collect()
+    frames, _ = corpus.build(corpus.embedded_docs(objects, 0.1, 300), skips)
     for split, df in frames.items():
         write_parquet(root / "corpus" / f"{split}.parquet", df)
     tok.save(tok.train(iter(frames["train"]["text"].tolist()), 320), root / "tokenizer")
     return root
+
+
+@pytest.fixture(scope="session")
+def objects_path(tmp_path_factory) -> Path:
+    """data/corpus/objects.parquet of this interpreter's stdlib, as the corpus stage writes it."""
+    from speedrun.common import write_parquet
+    from speedrun.data.docstrings import collect, objects_frame
+    path = tmp_path_factory.mktemp("objects") / "objects.parquet"
+    write_parquet(path, objects_frame(collect()[0]))
+    return path
 
 
 def run_module(module: str, *args: str, cwd: Path = REPO, timeout: int = 300) -> str:

@@ -86,3 +86,46 @@ def test_hf_missing_column_names_file_and_row(tmp_path):
     pd.DataFrame({"content": ["x"]}).to_json(path, orient="records", lines=True)
     with pytest.raises(KeyError, match=r"docs.jsonl row 0: no column 'text'"):
         list(corpus.hf_docs(str(path), None, "train", "text", 10, 0.1))
+
+
+def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
+    """The corpus stage writes the object table and what it read; SFT and pair data come from that table
+    alone: with the interpreter's stdlib unreadable they still build."""
+    _, _, stats = run_stage(tmp_path, "--max-docs", "50")
+    objects_file = tmp_path / "corpus" / "objects.parquet"
+    read = stats["read"]
+    assert read["python"].count(".") == 2 and read["objects"] > 3000 and len(read["objects_digest"]) == 16
+    from speedrun.data import docstrings, sft
+    assert len(docstrings.load_objects(objects_file)) == read["objects"]
+
+    def unreadable(*args, **kwargs):
+        raise AssertionError("read the interpreter's stdlib")
+    monkeypatch.setattr(docstrings, "collect", unreadable)
+    monkeypatch.setattr(docstrings, "stdlib_dir", unreadable)
+    sft.embedded_qa.cache_clear()
+    convs = sft.embedded_conversations(objects_file, 0.1, seed=0, per_object=1)
+    assert len(convs["train"]) > 1000
+    from typer.testing import CliRunner
+    import typer
+    from stages.download_pairs import main
+    app = typer.Typer()
+    app.command()(main)
+    res = CliRunner().invoke(app, ["--only", "embedded", "--limit-per-source", "100", "--objects", str(objects_file),
+                                   "--out-dir", str(tmp_path / "pairs")])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert len(pd.read_parquet(tmp_path / "pairs" / "pairs.parquet")) == 100
+    sft.embedded_qa.cache_clear()
+    import pathlib
+    stage_sources = {p.name: p.read_text() for p in (pathlib.Path(__file__).parents[1] / "stages").glob("*.py")}
+    assert [n for n, text in stage_sources.items() if "collect" in text or "stdlib_dir" in text] == ["corpus.py"]
+
+
+def test_a_bad_object_table_names_the_row(tmp_path):
+    from speedrun.data import docstrings
+    df = docstrings.objects_frame(collect()[0][:3])
+    df.loc[1, "docstring"] = None
+    df.to_parquet(tmp_path / "o.parquet")
+    with pytest.raises(ValueError, match="o.parquet row 1"):
+        docstrings.load_objects(tmp_path / "o.parquet")
+    with pytest.raises(FileNotFoundError, match="dvc repro corpus"):
+        docstrings.load_objects(tmp_path / "missing.parquet")

@@ -160,8 +160,8 @@ def objects():
 
 
 def test_embedded_pairs(objects, tmp_path):
-    stats = pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects)}, tmp_path / "a.parquet")
-    pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects)}, tmp_path / "b.parquet")
+    stats = pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1)}, tmp_path / "a.parquet")
+    pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1)}, tmp_path / "b.parquet")
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
     got = pq.read_table(tmp_path / "a.parquet").to_pylist()
     s = stats["sources"]["embedded"]
@@ -186,9 +186,9 @@ def test_embedded_pairs(objects, tmp_path):
 
 
 def test_embedded_pairs_several_negatives(objects, tmp_path):
-    pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects)}, tmp_path / "1.parquet")
+    pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1)}, tmp_path / "1.parquet")
     one = pq.read_table(tmp_path / "1.parquet").to_pylist()
-    stats = pairs.build({"embedded": pairs_embedded.source(0.5, 0.1, objects, negatives=3)}, tmp_path / "3.parquet")
+    stats = pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1, negatives=3)}, tmp_path / "3.parquet")
     three = pq.read_table(tmp_path / "3.parquet").to_pylist()
     s = stats["sources"]["embedded"]
     assert s["rows_read"] + s["extra_pairs"] == s["pairs_kept"] + sum(s["skipped"].values())

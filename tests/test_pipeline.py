@@ -1,6 +1,10 @@
 """End to end: the real DVC DAG in a fresh repo on micro params."""
 import hashlib
 import json
+import os
+import subprocess
+import sys
+import time
 
 import yaml
 
@@ -95,6 +99,25 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     diff = dvc(repo, "exp", "diff", "HEAD", "beta-0.1")
     assert "beta" in diff and "reports/metrics/grpo/" in diff  # (micro diversity metrics may not move)
     assert "reports/metrics/grpo/" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")
+
+    # the README's sweep: a queue of betas, run by a queue worker, then the reward-diversity frontier of all runs
+    dvc(repo, "exp", "run", "--queue", "-S", "beta=0.01,0.2")
+    dvc(repo, "queue", "start")
+    for _ in range(600):
+        status = dvc(repo, "queue", "status")
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(1)
+    assert "Failed" not in status, status
+    (repo / "exps.json").write_text(dvc(repo, "exp", "show", "--json"))
+    res = subprocess.run([sys.executable, "-m", "speedrun.frontier", "--show-json", "exps.json",
+                          "--out", "frontier.png"], cwd=repo, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(repo / "src")))
+    assert res.returncode == 0, res.stderr
+    for beta in ("0.01", "0.2", "0.1", "0.04"):
+        for variant in ("density", "baseline"):
+            assert f"| {beta} | {variant} |" in res.stdout, (beta, variant, res.stdout)
+    assert (repo / "frontier.png").read_bytes()[:4] == b"\x89PNG"
 
     # one more adversarial cycle runs that cycle and the adversarial evaluation, nothing else
     set_params(repo, {"adversarial.cycles.3": {"prev": 2, "init": "outs/adv/cycle_2/policy"}})

@@ -248,3 +248,19 @@ def test_rm_summary_lists_the_accuracy_of_every_kind(tmp_path):
         {"reward_mean": 0.0, "reward_std": 1.0, "val": {"val_acc": 0.7, "baseline_acc": 0.8, "by_kind": kinds}}))
     line = rm_summary(tmp_path)
     assert "hard 0.500 (baseline 0.700, 10 pairs)" in line and "sft_sample 0.800 (baseline 0.850, 20 pairs)" in line
+
+
+def test_any_number_of_variants_and_comparisons(samples, tmp_path):
+    """Variants are data: a third variant is evaluated, compared as params name it, and reported."""
+    third = samples[samples["model"].isin(RUNS["density"])].assign(
+        model=lambda d: d["model"].str.replace("density", "other"))
+    runs = RUNS | {"other": [r.replace("density", "other") for r in RUNS["density"]]}
+    res = evaluate(pd.concat([samples, third], ignore_index=True), runs, [("density", "baseline"), ("other", "baseline")],
+                   primary=PRIMARY, n_boot=50)
+    assert [(c["a"], c["b"]) for c in res["comparisons"]] == [("density", "baseline"), ("other", "baseline")]
+    assert set(res["vs_reference"]) == {"density", "baseline", "other"}
+    assert "other_vs_baseline" in flat_metrics(res)
+    small = {**res, "metrics": ["distinct_2", "reward"], "primary": ["distinct_2"]}
+    md = write_report(small, samples, {}, {}, tmp_path / "report.md", tmp_path / "fig", {})
+    assert "**other vs baseline** (3 vs 3 GRPO training seeds)" in md and "## other \u2212 baseline" in md
+    assert (tmp_path / "fig" / "forest_other_vs_baseline.png").is_file()

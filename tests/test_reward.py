@@ -162,7 +162,7 @@ def rm_inputs(tiny_corpus, tmp_path_factory):
         src = stdlib_dir() / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, lib / name)
     objs, _ = collect(lib)
-    pairs_lib.build({"embedded": pairs_embedded.source(0.5, 0.1, objs)}, root / "raw.parquet")
+    pairs_lib.build({"embedded": pairs_embedded.source(objs, 0.5, 0.1)}, root / "raw.parquet")
     _, with_split, _, _ = prompts.build(pq.read_table(root / "raw.parquet"), 0.3, 0.8)
     write_table(root / "pairs.parquet", with_split)
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")

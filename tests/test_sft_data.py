@@ -9,14 +9,14 @@ from speedrun.data.questions import MAX_ANSWER_CHARS, TEMPLATES, question, quest
 
 
 @pytest.fixture(scope="module")
-def embedded():
+def embedded(objects_path):
     skipped = {}
-    return sft.embedded_conversations(0.1, seed=0, skipped=skipped), skipped
+    return sft.embedded_conversations(objects_path, 0.1, seed=0, skipped=skipped), skipped
 
 
-def test_embedded_conversations(embedded):
+def test_embedded_conversations(embedded, objects_path):
     convs, skipped = embedded
-    usable, skips = sft.embedded_qa()
+    usable, skips = sft.embedded_qa(objects_path)
     assert skipped == skips and sum(skipped.values()) > 0
     assert len(convs["train"]) + len(convs["val"]) == sum(len(TEMPLATES[o.kind]) for o, _ in usable)
     # split follows the corpus split of the object's top-level module
@@ -32,15 +32,15 @@ def test_embedded_conversations(embedded):
     assert len(dumps) == 1 and "JSON" in dumps[0][1]["content"]
 
 
-def test_embedded_conversations_cover_the_pair_prompts_and_are_seeded(embedded):
+def test_embedded_conversations_cover_the_pair_prompts_and_are_seeded(embedded, objects_path):
     convs, _ = embedded
     asked = {c[0]["content"] for split in convs.values() for c in split}
-    usable, _ = sft.embedded_qa()
+    usable, _ = sft.embedded_qa(objects_path)
     assert all(question(o) in asked for o, _ in usable)  # the RM/GRPO prompts were seen in SFT
-    one = sft.embedded_conversations(0.1, seed=1, per_object=1)
+    one = sft.embedded_conversations(objects_path, 0.1, seed=1, per_object=1)
     assert len(one["train"]) + len(one["val"]) == len(usable)
-    assert one == sft.embedded_conversations(0.1, seed=1, per_object=1)
-    assert one["train"][:20] != sft.embedded_conversations(0.1, seed=2, per_object=1)["train"][:20]
+    assert one == sft.embedded_conversations(objects_path, 0.1, seed=1, per_object=1)
+    assert one["train"][:20] != sft.embedded_conversations(objects_path, 0.1, seed=2, per_object=1)["train"][:20]
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,7 @@ def process_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: fl
 
 @dataclass
 class Samples:
-    tokens: Tensor        # [N, T] long: completion tokens, pad_id after the stop token
+    tokens: Tensor        # [N, T] long: completion tokens, pad_id after the stop token; T = the longest completion
     mask: Tensor          # [N, T] float: 1.0 on completion tokens (the stop token included), 0 after
     logprobs: Tensor      # [N, T] float: log-prob of each token under process_logits at sampling time, 0 off-mask
     prompt_index: Tensor  # [N] long: the prompt each row came from; a prompt's samples are adjacent
@@ -95,7 +95,8 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
              pad_id: int = 0, generator: torch.Generator | None = None, uniforms: Tensor | None = None,
              on_token: Callable[[Tensor, Tensor], None] | None = None) -> Samples:
     """Sample num_samples completions of up to max_new_tokens for every prompt (rows [i*num_samples, ...)
-    belong to prompt i). A row ends at stop_id (kept, mask 1); the loop ends when every row has ended.
+    belong to prompt i). A row ends at stop_id (kept, mask 1); the loop ends when every row has ended, and the
+    outputs are as wide as the longest completion (at most max_new_tokens).
     Draws use only `generator` (pass one on the model's device to avoid a copy per step), or, if given,
     uniforms [N, max_new_tokens] in [0, 1): row n's t-th token takes uniforms[n, t], so that a row's draws
     do not depend on which other rows share its batch. on_token(rows, tokens) sees each step's new tokens as
@@ -149,30 +150,68 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
                 cache.keep_rows(keep)
                 rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
         last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
-    return Samples(tokens, mask, logprobs, prompt_index)
+    used = t + 1  # columns after the longest completion hold only padding: cut them (less work downstream)
+    return Samples(tokens[:, :used], mask[:, :used], logprobs[:, :used], prompt_index)
+
+
+class PrefixCache(KVCache):
+    """A KV cache that concatenates instead of writing in place, so gradients flow through it: the training
+    forward runs each prompt once and lets its G completions attend to the shared keys/values."""
+
+    def __init__(self, config, batch: int, max_len: int, device: torch.device | str = "cpu"):
+        super().__init__(config, batch, max_len, device)
+        self.layer_kv: list[tuple[Tensor, Tensor] | None] = [None] * config.depth
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.pos + k.size(2) > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.pos} + {k.size(2)} tokens > max_len {self.max_len}")
+        if self.layer_kv[layer] is not None:
+            k0, v0 = self.layer_kv[layer]
+            k, v = torch.cat([k0, k], 2), torch.cat([v0, v], 2)
+        self.layer_kv[layer] = (k, v)
+        return k, v
+
+    def select(self, rows: Tensor) -> PrefixCache:
+        """A cache whose row i is this cache's row rows[i] (differentiable: the copies share their gradient)."""
+        new = PrefixCache(self.config, rows.numel(), self.max_len, self.valid.device)
+        new.pos, new.padded = self.pos, self.padded
+        new.valid, new.lengths = self.valid[rows], self.lengths[rows]
+        new.layer_kv = [None if kv is None else (kv[0][rows], kv[1][rows]) for kv in self.layer_kv]
+        return new
+
+
+def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, prompt_index: Tensor,
+                        pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Hidden states of prompt + completion rows, each prompt computed once: (the prompt's last state [N, C],
+    the completion tokens' states [N, T, C]) for row n = prompts[prompt_index[n]] + tokens[n]. The same numbers
+    as one forward over the concatenated rows (up to float rounding), at B x P + N x T tokens instead of N x (P + T)."""
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id, tokens.device)
+    B, P = prompt_ids.shape
+    cache = PrefixCache(model.config, B, P + tokens.size(1), tokens.device)
+    last = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache)[:, -1]  # left padding: -1 is real
+    if tokens.size(1) == 0:
+        return last[prompt_index], last.new_zeros(tokens.size(0), 0, last.size(-1))
+    return last[prompt_index], model.hidden(tokens, kv_cache=cache.select(prompt_index))
 
 
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,
                       prompt_index: Tensor | None = None, mask: Tensor | None = None,
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, pad_id: int = 0) -> Tensor:
-    """Log-probs [N, T] of completion `tokens` [N, T] after their prompts, WITH gradients, in one batched
-    forward over left-padded prompt + completion, under process_logits(temperature, top_k, top_p).
+    """Log-probs [N, T] of completion `tokens` [N, T] after their prompts, WITH gradients, under
+    process_logits(temperature, top_k, top_p); each prompt is run once (continuation_hidden).
 
     Row n continues prompts[prompt_index[n]]; prompt_index defaults to Samples' layout (each prompt repeated
     N / len(prompts) times, adjacent). Where `mask` is 0 the result is 0. A sampled token that the current
     top-k/top-p would truncate keeps a finite log-prob (it stays in the support).
     """
     N, T = tokens.shape
-    device = tokens.device
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
-    B, P = prompt_ids.shape
+    n_prompts = prompts.size(0) if isinstance(prompts, Tensor) else len(prompts)
     if prompt_index is None:
-        if N % B:
-            raise ValueError(f"{N} completion rows do not split evenly over {B} prompts: pass prompt_index")
-        prompt_index = torch.arange(B, device=device).repeat_interleave(N // B)
-    ids = torch.cat([prompt_ids[prompt_index], tokens], dim=1)
-    key_mask = torch.cat([prompt_mask[prompt_index], torch.ones_like(tokens, dtype=torch.bool)], dim=1)
-    hidden = model.hidden(ids, key_mask=key_mask)[:, P - 1:P - 1 + T]  # the positions that predict the completion
+        if N % n_prompts:
+            raise ValueError(f"{N} completion rows do not split evenly over {n_prompts} prompts: pass prompt_index")
+        prompt_index = torch.arange(n_prompts, device=tokens.device).repeat_interleave(N // n_prompts)
+    last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id)
+    hidden = torch.cat([last[:, None], hidden], 1)  # the states that predict completion tokens 0 .. T-1
     lp = process_logits(model.logits(hidden), temperature, top_k, top_p, keep=tokens)
     lp = lp.gather(-1, tokens[..., None]).squeeze(-1)
     if mask is not None:

@@ -1,12 +1,20 @@
-"""params.yaml, read by the stages that need more of it than flags can carry (the GRPO runs: variants x seeds)."""
+"""params.yaml: the one place every knob's default lives.
+
+Stage flags that dvc.yaml templates from params.yaml take their defaults from it (`param_default`), so
+`python -m stages.<name>` with no flags does what `dvc repro` does with the committed params (tests/test_params.py
+checks every templated flag). Stages that need more of it than flags carry (the GRPO runs: variants x seeds) read
+it with `load`.
+"""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 PARAMS = Path("params.yaml")
+REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"  # the checkout's own, for runs from elsewhere
 
 
 def load(path: Path = PARAMS) -> dict[str, Any]:
@@ -14,6 +22,22 @@ def load(path: Path = PARAMS) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: params file not found (run from the repository root)")
     with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f) or {}
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(path: str) -> dict[str, Any]:
+    return load(Path(path))
+
+
+def param_default(key: str) -> Any:
+    """The value of a dotted params.yaml key (e.g. "rm.steps"): params.yaml of the working directory (the
+    repository root, where DVC runs the stages), else the checkout's own."""
+    value: Any = _defaults(str(PARAMS if PARAMS.is_file() else REPO_PARAMS))
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(f"params.yaml has no {key!r} (a stage's flag default names it)")
+        value = value[part]
+    return value
 
 
 def grpo_runs(params: dict[str, Any], where: str = "params.yaml") -> dict[str, dict[int, str]]:

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 import pandas as pd
 
 from speedrun.common import stable_hash, stable_unit
-from speedrun.data.docstrings import collect, split_of
+from speedrun.data.docstrings import DocObject, split_of
 
 COLUMNS = ["id", "text", "source"]
 
@@ -51,11 +51,10 @@ def _dedup_split(docs: Iterable[tuple[str, object, str]], stats: Counter) -> dic
     return out
 
 
-def embedded_docs(val_frac: float, max_docs: int) -> tuple[Iterator[tuple[str, object, str]], dict[str, int]]:
-    objects, file_skips = collect()
-    docs = ((split_of(o.top, val_frac), o.text, "pydoc_topics" if o.kind == "topic" else "stdlib")
+def embedded_docs(objects: list[DocObject], val_frac: float, max_docs: int) -> Iterator[tuple[str, object, str]]:
+    """(split, text, source) of at most max_docs collected objects."""
+    return ((split_of(o.top, val_frac), o.text, "pydoc_topics" if o.kind == "topic" else "stdlib")
             for o in objects[:: -(-len(objects) // max_docs)])  # an even stride keeps every module represented
-    return docs, file_skips
 
 
 def hf_docs(path: str, name: str | None, split: str, text_column: str, max_docs: int,

@@ -1,15 +1,22 @@
 """English prose from the local Python installation: stdlib docstrings (via ast, nothing is
-imported) and the pydoc topics. Every machine has it, so the embedded pipeline needs no network."""
+imported) and the pydoc topics. Every machine has it, so the embedded pipeline needs no network.
+
+Only the corpus stage reads the interpreter's files (`collect`); it writes the object table
+(data/corpus/objects.parquet, `objects_frame`), and the SFT and preference-pair stages read that
+(`load_objects`): another Python cannot change their data behind DVC's back."""
 from __future__ import annotations
 
 import ast
 import inspect
 import os
+import platform
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedrun.common import stable_unit
+import pandas as pd
+
+from speedrun.common import stable_hash, stable_unit
 
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "_bundled"}
 
@@ -114,3 +121,35 @@ def collect(root: Path | None = None) -> tuple[list[DocObject], dict[str, int]]:
         objects.extend(_objects_in_module(tree, module, parts[0]))
     objects.extend(_pydoc_topics(root))
     return objects, skipped
+
+
+OBJECT_COLUMNS = ["module", "top", "qualname", "kind", "header", "docstring"]
+
+
+def objects_frame(objects: list[DocObject]) -> pd.DataFrame:
+    """The object table, in collect() order."""
+    return pd.DataFrame([[getattr(o, c) for c in OBJECT_COLUMNS] for o in objects], columns=OBJECT_COLUMNS)
+
+
+def objects_stats(objects: list[DocObject]) -> dict[str, str | int]:
+    """What the corpus stage read: the interpreter and a digest of every object, for stats.json."""
+    return {"python": platform.python_version(), "stdlib": str(stdlib_dir()), "objects": len(objects),
+            "objects_digest": stable_hash(*(f"{o.qualname}\0{o.kind}\0{o.text}" for o in objects))}
+
+
+def load_objects(path: Path) -> list[DocObject]:
+    """The object table written by the corpus stage; a bad row is named."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no object table (the corpus stage writes it: dvc repro corpus)")
+    df = pd.read_parquet(path)
+    missing = [c for c in OBJECT_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing} (has {list(df.columns)})")
+    out = []
+    for i, row in enumerate(df[OBJECT_COLUMNS].itertuples(index=False)):
+        if not all(isinstance(v, str) for v in row):
+            raise ValueError(f"{path} row {i}: every column must be a string, got {tuple(row)!r:.200}")
+        out.append(DocObject(*row))
+    if not out:
+        raise ValueError(f"{path}: no objects")
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from speedrun.common import normalize_text, stable_seed, stable_unit
-from speedrun.data.docstrings import DocObject, collect, split_of
+from speedrun.data.docstrings import DocObject, split_of
 from speedrun.data.pairs import Skip, Source, make_pair
 from speedrun.data.questions import answer, answerable, group_of, question
 
@@ -28,12 +28,9 @@ def _pick_any(answers: list[str], taken: set[str], rng: random.Random, tries: in
     return None
 
 
-def source(hard_frac: float = 0.5, val_frac: float = 0.1, objects: list[DocObject] | None = None,
-           negatives: int = 1) -> Source:
-    """Rows are the collected objects, each giving `negatives` pairs (one prompt, the same chosen answer,
-    distinct rejected ones); `split` is the corpus split of the object's module."""
-    if objects is None:
-        objects, _ = collect()
+def source(objects: list[DocObject], hard_frac: float = 0.5, val_frac: float = 0.1, negatives: int = 1) -> Source:
+    """Rows are the objects (the corpus stage's table), each giving `negatives` pairs (one prompt, the same
+    chosen answer, distinct rejected ones); `split` is the corpus split of the object's module."""
     usable, _ = answerable(objects)
     answer_of = dict(usable)
     pool = [o for o, _ in usable]

@@ -8,28 +8,28 @@ from __future__ import annotations
 import random
 from collections import Counter
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from speedrun.data.corpus import clean_text
-from speedrun.data.docstrings import DocObject, collect, split_of
+from speedrun.data.docstrings import DocObject, load_objects, split_of
 from speedrun.data.questions import answerable, questions
 
 
 @lru_cache(maxsize=1)
-def embedded_qa() -> tuple[tuple[tuple[DocObject, str], ...], dict[str, int]]:
-    """(object, answer) for every answerable stdlib object, plus skip counts; parsed once per process."""
-    objects, _ = collect()
-    usable, skipped = answerable(objects)
+def embedded_qa(objects_path: Path) -> tuple[tuple[tuple[DocObject, str], ...], dict[str, int]]:
+    """(object, answer) for every answerable object of the corpus stage's table, plus skip counts; read once."""
+    usable, skipped = answerable(load_objects(objects_path))
     return tuple(usable), skipped
 
 
-def embedded_conversations(val_frac: float, seed: int, per_object: int = 0,
+def embedded_conversations(objects_path: Path, val_frac: float, seed: int, per_object: int = 0,
                            skipped: dict[str, int] | None = None) -> dict[str, list[list[dict]]]:
     """{'train': [...], 'val': [...]}: per object, `per_object` of its question templates (0 =
     all of them), picked and shuffled with `seed`. The split is the corpus split of the object's
     top-level module. Objects with an empty or overlong summary are skipped; pass a dict as
     `skipped` to receive the counts."""
-    usable, skips = embedded_qa()
+    usable, skips = embedded_qa(Path(objects_path))
     if skipped is not None:
         skipped.update(skips)
     out: dict[str, list[list[dict]]] = {"train": [], "val": []}

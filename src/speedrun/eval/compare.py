@@ -342,9 +342,9 @@ def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
             "ci_high": {n: x["ci_high"] for n, x in d.items()},
             "verdict": {n: code[x["verdict"]] for n, x in d.items() if x["verdict"] is not None},
             "reward_noninferior": int((c["noninferiority"] or {}).get("verdict") == "non-inferior")}
-    for v, by_metric in result.get("vs_reference", {}).items():  # gained over the reference, capability kept
-        out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key]
-                                                 for n in ("reward", "ref_loglik") if n in by_metric
+    shown = ["reward", "ref_loglik"] + list(result.get("primary", []))  # the frontier's axes, capability kept
+    for v, by_metric in result.get("vs_reference", {}).items():
+        out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key] for n in shown if n in by_metric
                                                  for suffix, key in (("", "value"), ("_ci_low", "ci_low"),
                                                                      ("_ci_high", "ci_high"))}
     return out

@@ -10,6 +10,7 @@ import torch
 from speedrun.common import stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
+from speedrun.progress import Progress
 from speedrun.reward.onpolicy import reference_answers
 from speedrun.reward.preference import RewardModel, fit, response_logprob
 from speedrun.rl.rewards import score_samples
@@ -68,6 +69,7 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
     """sample_model for every checkpoint dir of `models` ({name: dir}); with pairs_path, each row also carries
     the model's log-likelihood of its prompt's reference answer (capability kept?)."""
     rows, ref = [], None
+    bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
         model, _ = load_model(Path(ckpt), device, tok.digest)
         if pairs_path is not None:
@@ -76,5 +78,7 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
             ll = reference_logprob(model, *ref, device)
         rows += sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
                              temperature, top_p, seed, device, ll if pairs_path is not None else None)
-        print(f"eval: sampled {name} ({len(prompts)} prompts x {seeds} seeds x {samples_per_prompt})")
+        bar.update(1)
+        bar.log(f"eval: sampled {name} ({len(prompts)} prompts x {seeds} seeds x {samples_per_prompt})")
+    bar.close()
     return pd.DataFrame(rows)

@@ -15,6 +15,7 @@ import torch
 from speedrun.common import stable_hash, stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
+from speedrun.progress import Progress
 from speedrun.tokenizer import Tokenizer
 
 KIND = "sft_sample"  # the `negative` of these pairs: the RM's metrics report them as their own kind
@@ -52,6 +53,7 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
             raise ValueError(f"prompt {ref['prompt_id']}: {e}") from None
     order = sorted(range(len(refs)), key=lambda i: (len(rendered[i]), refs[i]["prompt_id"]))
     samples: dict[int, list[list[int]]] = {}
+    bar = Progress(len(order), "onpolicy", unit="prompt")
     for s in range(0, len(order), batch_prompts):
         idx = order[s:s + batch_prompts]
         prompts = [rendered[i][-max_prompt_len:] for i in idx]
@@ -62,8 +64,10 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
         tokens = out.tokens.cpu().tolist()
         for b, i in enumerate(idx):
             samples[i] = [tokens[b * k + j][:lengths[b * k + j]] for j in range(k)]
+        bar.update(len(idx))
         if (s // batch_prompts) % 20 == 0:
-            print(f"onpolicy: sampled {min(s + batch_prompts, len(order))}/{len(order)} prompts")
+            bar.log(f"onpolicy: sampled {min(s + batch_prompts, len(order))}/{len(order)} prompts")
+    bar.close()
     rows, counts, n_tokens = [], Counter(), 0
     for i, ref in enumerate(refs):
         chosen_ids = tok.encode(ref["chosen"]) + [tok.assistant_end_id]

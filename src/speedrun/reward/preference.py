@@ -69,20 +69,23 @@ class RewardModel(nn.Module):
         """Raw reward [B] (fp32) of each row; rows may be right- or left-padded (key_mask False on pads).
         start [B]: the index of each row's first response token (needed by pool "mean"). Training calls the
         module itself so that DDP sees the forward."""
-        h = self.trunk.hidden(ids, key_mask=key_mask)
-        T = ids.size(1)
+        return self.pool_scores(self.trunk.hidden(ids, key_mask=key_mask), key_mask, start)
+
+    def pool_scores(self, h: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
+        """Raw reward [B] from the trunk's hidden states h [B, T, C] of rows laid out as in forward()."""
+        B, T = h.shape[:2]
         if self.pool == "mean":
             if start is None:
                 raise ValueError("pool 'mean' needs the response start of every row")
-            sel = torch.arange(T, device=ids.device)[None] >= start.to(ids.device)[:, None]
+            sel = torch.arange(T, device=h.device)[None] >= start.to(h.device)[:, None]
             sel = sel & key_mask if key_mask is not None else sel
             per_token = self.head(h).squeeze(-1).float()
             return (per_token * sel).sum(1) / sel.sum(1).clamp(min=1)
         if key_mask is None:
-            last = torch.full((ids.size(0),), T - 1, device=ids.device)
+            last = torch.full((B,), T - 1, device=h.device)
         else:
-            last = (key_mask.long() * torch.arange(1, T + 1, device=ids.device)).argmax(1)  # highest real index
-        return self.head(h[torch.arange(ids.size(0), device=ids.device), last]).squeeze(-1).float()
+            last = (key_mask.long() * torch.arange(1, T + 1, device=h.device)).argmax(1)  # highest real index
+        return self.head(h[torch.arange(B, device=h.device), last]).squeeze(-1).float()
 
     def score(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
         return self(ids, key_mask, start)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from speedrun.engine import Samples, left_pad
+from speedrun.engine import Samples, continuation_hidden, left_pad
 from speedrun.reward.preference import RewardModel
 
 
@@ -11,11 +11,16 @@ from speedrun.reward.preference import RewardModel
 def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, pad_id: int,
                   standardise: bool = True, batch_size: int = 64) -> torch.Tensor:
     """RM reward [N] of each prompt + completion (its stop token included), on CPU.
-    Rows are [left pads | prompt | completion | right pads]; the RM reads the last real token."""
+    Rows are [left pads | prompt | completion | right pads]; the RM reads the last real token (or, pool "mean",
+    the completion's tokens). When every row fits the RM's context, each prompt is run once for its samples."""
     device = samples.tokens.device
     p_ids, p_mask = left_pad(prompts, pad_id, device)
-    out = []
     width = p_ids.size(1) + samples.tokens.size(1)
+    if width <= rm.max_len:
+        _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id)
+        r = rm.pool_scores(h, samples.mask > 0, torch.zeros(len(h), dtype=torch.long, device=device)).float().cpu()
+        return rm.standardise(r) if standardise else r
+    out = []
     start = torch.tensor(max(p_ids.size(1) - max(width - rm.max_len, 0), 0))  # the completion's first column
     for i in range(0, len(samples.tokens), batch_size):
         rows = samples.prompt_index[i:i + batch_size]

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from speedrun.common import check_finite, stable_seed
 from speedrun.engine import Samples, generate, sequence_logprobs
+from speedrun.progress import Progress
 from speedrun.rl.grpo import group_advantages, masked_mean, token_loss, zero_std_fraction
 from speedrun.train.loop import autocast
 
@@ -66,6 +67,7 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
     sample_kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     log: list[dict] = []
     best_avg, bad_steps, stop_reason, tokens, t_start = -float("inf"), 0, "steps", 0, time.perf_counter()
+    bar = Progress(cfg.steps, name)
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, name, step))
@@ -115,8 +117,9 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
         if extra_stats is not None:
             row.update(extra_stats(idx))
         log.append(row)
-        print(f"{name} step {step + 1}/{cfg.steps}: reward {row['reward_mean']:+.3f} ± {row['reward_std']:.3f}, "
-              f"kl {row['kl']:.4f}, len {row['completion_len']:.1f}, {row['tokens_per_s']:.0f} tok/s")
+        bar.update(1, reward=f"{row['reward_mean']:+.3f}", kl=f"{row['kl']:.4f}")
+        bar.log(f"{name} step {step + 1}/{cfg.steps}: reward {row['reward_mean']:+.3f} ± {row['reward_std']:.3f}, "
+                f"kl {row['kl']:.4f}, len {row['completion_len']:.1f}, {row['tokens_per_s']:.0f} tok/s")
         if row["reward_mean"] >= cfg.reward_threshold:
             stop_reason = "reward_threshold"
             break
@@ -129,4 +132,5 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
                 if bad_steps >= cfg.patience:
                     stop_reason = "plateau"
                     break
+    bar.close()
     return GRPOResult(log, stop_reason, time.perf_counter() - t_start, tokens)

@@ -18,6 +18,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.common import check_finite, stable_hash
+from speedrun.progress import Progress
 from speedrun.train.checkpoint import load_resume, save_resume
 from speedrun.train.distributed import Dist, all_reduce_sum
 
@@ -147,7 +148,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         value = metrics[cfg.monitor]
         check_finite(value, cfg.monitor, step)
         if d.is_main:
-            print(f"{name} step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            bar.log(f"{name} step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         # min_delta decides patience only; the best checkpoint is the lowest loss of the trained ones (step 0,
         # the untrained model, is the curve's start: e.g. an RM's zero head, which scores everything the same)
         bad_evals = 0 if value < best_seen - cfg.min_delta else bad_evals + 1
@@ -158,6 +159,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
 
     model.train()
     stopped, train_seconds, step = False, 0.0, start
+    bar = Progress(cfg.steps, name, initial=start, enabled=None if d.is_main else False)
     if start == 0:
         stopped = run_eval(0)
     while step < cfg.steps and not stopped:
@@ -188,8 +190,9 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         step += 1
         log.append({"step": step, "loss": loss_value, "lr": lr_at(step - 1, cfg), "grad_norm": grad_norm,
                     "tokens_per_s": n_global / dt})
+        bar.update(1, loss=f"{loss_value:.4f}")
         if d.is_main and (step % log_every == 0 or step == cfg.steps):
-            print(f"{name} step {step}/{cfg.steps}: loss {loss_value:.4f}, {n_global / dt:,.0f} tok/s")
+            bar.log(f"{name} step {step}/{cfg.steps}: loss {loss_value:.4f}, {n_global / dt:,.0f} tok/s")
         if step % cfg.eval_every == 0 or step == cfg.steps:
             stopped = run_eval(step)
         if resume_path and cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps and d.is_main:
@@ -198,6 +201,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
                                       "best": best, "best_seen": best_seen, "best_state": best_state,
                                       "bad_evals": bad_evals,
                                       "tokens": tokens})
+    bar.close()
     if resume_path and d.is_main and resume_path.exists():
         resume_path.unlink()  # finished: a later run with other settings must not pick it up
     trained = [e for e in evals if e["step"] > 0]

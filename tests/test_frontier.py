@@ -1,0 +1,48 @@
+"""speedrun-frontier on `dvc exp show --json`-shaped records: points, table, figure, clear errors."""
+import json
+
+import pytest
+import typer
+
+from speedrun import frontier
+
+
+def _record(name, beta, gain):
+    block = lambda r, x: {"reward": r, "reward_ci_low": r - 0.1, "reward_ci_high": r + 0.1,  # noqa: E731
+                          "ead_1": x, "ead_1_ci_low": x - 0.02, "ead_1_ci_high": x + 0.02}
+    return {"rev": f"{name}-sha", "name": name, "data": {
+        "params": {"params.yaml": {"data": {"beta": beta, "eval": {"primary": "ead_1,distinct_2"}}}},
+        "metrics": {frontier.METRICS_FILE: {"data": {"density_vs_sft": block(gain, -0.05),
+                                                     "baseline_vs_sft": block(gain - 0.1, -0.08),
+                                                     "sft": {"reward": -0.5}}}}}}
+
+
+SHOW = [{"rev": "workspace", "data": {"metrics": {}, "params": {}}},  # no metrics yet: left out
+        {**_record("main", 0.04, 0.4), "experiments": [
+            {"revs": [_record("beta-0.1", 0.1, 0.2)]}, {"revs": [{"rev": "q", "name": "queued", "data": {}}]}]}]
+
+
+def test_points_per_experiment_and_variant():
+    exps = frontier.experiments(SHOW)
+    assert [e["name"] for e in exps] == ["main", "beta-0.1"]
+    points = frontier.frontier_points(exps, "ead_1", "beta")
+    assert [(p["variant"], p["sweep"]) for p in points] == [("baseline", 0.04), ("baseline", 0.1), ("density", 0.04),
+                                                           ("density", 0.1)]
+    d = points[2]
+    assert (d["x"], d["y"], d["y_ci_low"], d["x_ci_high"]) == pytest.approx((-0.05, 0.4, 0.3, -0.03))
+    assert "| beta-0.1 | 0.1 | density | -0.0500 [-0.0700, -0.0300] | +0.200 [+0.100, +0.300] |" in \
+        frontier.table(points, "ead_1", "beta")
+
+
+def test_command_writes_the_figure_and_table(tmp_path, capsys):
+    show = tmp_path / "exps.json"
+    show.write_text(json.dumps(SHOW))
+    frontier.main(show_json=show, metric="", sweep="beta", out=tmp_path / "f.png", table_out=tmp_path / "f.md")
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+    assert "ead_1" in (tmp_path / "f.md").read_text()  # the first primary metric by default
+    with pytest.raises(typer.BadParameter, match="no experiment"):
+        show.write_text(json.dumps(SHOW[:1]))
+        frontier.main(show_json=show, metric="", sweep="beta", out=tmp_path / "g.png", table_out=None)
+    show.write_text(json.dumps(SHOW))
+    with pytest.raises(typer.BadParameter, match="'nope'"):
+        frontier.main(show_json=show, metric="nope", sweep="beta", out=tmp_path / "g.png", table_out=None)
