@@ -38,7 +38,7 @@ def hub(tmp_path_factory):
 
 
 def hub_args(root, *extra):
-    return ["--no-embedded", "--hh-path", str(root / "hh"), "--uf-path", str(root / "uf"),
+    return ["--only", "", "--no-embedded", "--hh-path", str(root / "hh"), "--uf-path", str(root / "uf"),
             "--se-path", str(root / "se"), "--se-max-pairs-per-question", "3", *extra]
 
 
@@ -98,7 +98,7 @@ def test_source_flags_and_help(hub, tmp_path):
     root, _ = hub
     got, stats = run(tmp_path / "uf", "--only", "uf", "--uf-path", str(root / "uf"))
     assert set(stats["sources"]) == {"uf"} and {p["src"] for p in got} == {"uf"}
-    _, stats = run(tmp_path / "se", "--no-hh", "--no-uf", "--no-embedded", "--se-path", str(root / "se"),
+    _, stats = run(tmp_path / "se", "--only", "", "--no-hh", "--no-uf", "--no-embedded", "--se-path", str(root / "se"),
                    "--se-data-dir", "data/math.stackexchange.com")
     assert set(stats["sources"]) == {"se"} and stats["sources"]["se"]["rows_read"] == 2
     got, stats = run(tmp_path / "two", "--only", "se,uf", "--uf-path", str(root / "uf"), "--se-path", str(root / "se"))
