@@ -17,7 +17,7 @@ def _record(name, beta, gain):
                                                      "sft": {"reward": -0.5}}}}}}
 
 
-SHOW = [{"rev": "workspace", "data": {"metrics": {}, "params": {}}},  # no metrics yet: left out
+SHOW = [{**_record("x", 0.04, 0.4), "rev": "workspace", "name": None},  # the same as main: left out
         {**_record("main", 0.04, 0.4), "experiments": [
             {"revs": [_record("beta-0.1", 0.1, 0.2)]}, {"revs": [{"rev": "q", "name": "queued", "data": {}}]}]}]
 
@@ -41,7 +41,7 @@ def test_command_writes_the_figure_and_table(tmp_path, capsys):
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
     assert "ead_1" in (tmp_path / "f.md").read_text()  # the first primary metric by default
     with pytest.raises(typer.BadParameter, match="no experiment"):
-        show.write_text(json.dumps(SHOW[:1]))
+        show.write_text(json.dumps([{"rev": "workspace", "data": {"metrics": {}, "params": {}}}]))
         frontier.main(show_json=show, metric="", sweep="beta", out=tmp_path / "g.png", table_out=None)
     show.write_text(json.dumps(SHOW))
     with pytest.raises(typer.BadParameter, match="'nope'"):

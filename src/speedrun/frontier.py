@@ -28,7 +28,8 @@ METRICS_FILE = "reports/metrics/diversity.json"
 
 def experiments(show: list[dict], metrics_file: str = METRICS_FILE) -> list[dict[str, Any]]:
     """(name, params, metrics) of every record in `dvc exp show --json` output holding the metrics file,
-    the workspace and baseline commits included; queued or failed ones (no metrics yet) are left out."""
+    the baseline commits included, the workspace too where it differs from them; queued or failed ones (no
+    metrics yet) are left out."""
     out: list[dict[str, Any]] = []
 
     def visit(node: dict) -> None:
@@ -36,7 +37,8 @@ def experiments(show: list[dict], metrics_file: str = METRICS_FILE) -> list[dict
         metrics = ((data.get("metrics") or {}).get(metrics_file) or {}).get("data")
         if metrics:
             params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
-            name = node.get("name") or data.get("name") or str(node.get("rev", "?"))[:7]
+            rev = str(node.get("rev", "?"))
+            name = node.get("name") or data.get("name") or (rev if rev == "workspace" else rev[:7])
             out.append({"name": name, "rev": node.get("rev"), "params": params, "metrics": metrics})
         for group in node.get("experiments") or []:
             for rev in group.get("revs") or []:
@@ -44,7 +46,10 @@ def experiments(show: list[dict], metrics_file: str = METRICS_FILE) -> list[dict
 
     for node in show:
         visit(node)
-    return out
+    # the workspace of a clean checkout repeats its commit: keep the commit's name
+    seen = {json.dumps([e["params"], e["metrics"]], sort_keys=True) for e in out if e["name"] != "workspace"}
+    return [e for e in out if e["name"] != "workspace" or json.dumps([e["params"], e["metrics"]], sort_keys=True)
+            not in seen]
 
 
 def _param(params: dict, key: str) -> Any:
