@@ -2,22 +2,29 @@
 reference log-probs, clipped loss, backward, AdamW update) for the default config.
 
     python bench/grpo_throughput.py --threads 2
+    python bench/grpo_throughput.py --threads 2 --trained   # the default run's SFT model, RM and prompts
 Random-init depth-4 GPT (vocab 4096) as policy, reference and reward-model trunk; B prompts x G samples
-x max-new-tokens with no stop token, so every step does the full token budget. Prints per-step figures
+x max-new-tokens with no stop token, so every step does the full token budget. --trained: the pipeline's own
+outs/sft, outs/rm and train prompts, with the stop token, so completions end as in the default run (most after
+~15 tokens, the longest at the budget): the work a GRPO stage does. Prints per-step figures
 and the share of each step spent sampling+scoring. For scale (issue 5): HF TRL's GRPOTrainer on a
 6.3M-param model, 8 completions x 64 tokens per step, ran ~700 completion tokens/s on this machine.
 """
 import os
 import time
+from pathlib import Path
 
 import torch
 import typer
 
+from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, use_bf16
 from speedrun.model import GPT, GPTConfig
 from speedrun.reward.preference import RewardModel
+from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import GRPOConfig, grpo_train
+from speedrun.train.checkpoint import load_model
 
 
 def main(
@@ -31,26 +38,37 @@ def main(
     threads: int = typer.Option(2, help="torch CPU threads"),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
     dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
+    trained: bool = typer.Option(False, help="use outs/sft, outs/rm and data/prompts (run `dvc repro grpo` first)"),
 ) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=vocab, depth=depth)
-    policy, ref = GPT(config).to(device), GPT(config).to(device)
-    ref.load_state_dict(policy.state_dict())
-    rm = RewardModel.from_gpt(GPT(config).to(device)).eval()
-    torch.nn.init.normal_(rm.head.weight, std=0.02)  # a non-constant reward, so advantages are not all zero
-    prompts = [torch.randint(1, vocab, (prompt_len // 2 + i % (prompt_len // 2 + 1),),
-                             generator=torch.Generator().manual_seed(i)).tolist() for i in range(64)]
+    stop_id, pad_id = None, 0
+    if trained:
+        tok = tokenizer_lib.load(Path("outs/tokenizer"))
+        policy, _ = load_model(Path("outs/sft"), device, tok.digest)
+        ref, _ = load_model(Path("outs/sft"), device, tok.digest)
+        rm = RewardModel.load(Path("outs/rm"), device)
+        prompts = load_prompts(Path("data/prompts/prompts.parquet"), tok, "train", 128)[1]
+        stop_id, pad_id = tok.assistant_end_id, tok.bos_id
+    else:
+        config = GPTConfig(vocab_size=vocab, depth=depth)
+        policy, ref = GPT(config).to(device), GPT(config).to(device)
+        ref.load_state_dict(policy.state_dict())
+        rm = RewardModel.from_gpt(GPT(config).to(device)).eval()
+        torch.nn.init.normal_(rm.head.weight, std=0.02)  # a non-constant reward, so advantages are not all zero
+        prompts = [torch.randint(1, vocab, (prompt_len // 2 + i % (prompt_len // 2 + 1),),
+                                 generator=torch.Generator().manual_seed(i)).tolist() for i in range(64)]
     cfg = GRPOConfig(steps=steps + 1, prompts_per_step=prompts_per_step, group_size=group_size,
                      max_new_tokens=max_new_tokens, seed=0, bf16=use_bf16(dtype, device))
-    print(f"GPT depth {depth}, {policy.num_params() / 1e6:.2f}M params, vocab {vocab}, {device} "
+    print(f"{'trained outs/sft + outs/rm, stop token' if trained else 'random init, no stop token'}: GPT depth "
+          f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s); "
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()
     result = grpo_train(policy, ref, prompts, lambda step, g: torch.randperm(len(prompts), generator=g)[:prompts_per_step],
-                        lambda batch, s: score_samples(rm, batch, s, 0), cfg, device, stop_id=None, pad_id=0,
+                        lambda batch, s: score_samples(rm, batch, s, pad_id), cfg, device, stop_id=stop_id, pad_id=pad_id,
                         name="bench")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     timed = result.log[1:]  # the first step pays one-off allocation costs

@@ -244,15 +244,16 @@ def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_pa
     assert abs(float(by_text[0]) - float(m["reward_mean"])) < 10 * m["reward_std"]
 
 
-@pytest.mark.parametrize("pool", ["last", "mean"])
-def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool):
-    """score_samples (GRPO: left-padded prompts + sampled rows, the batch cut to its last max_len columns) gives the
-    rewards of each prompt + completion scored alone, for both pools."""
+@pytest.mark.parametrize("pool,max_len", [("last", 9), ("mean", 9), ("last", 64), ("mean", 64)])
+def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool, max_len):
+    """score_samples gives the rewards of each prompt + completion scored alone, for both pools: when the rows fit
+    (max_len 64: each prompt run once, completions grouped by length) and when the batch is cut to its last
+    max_len columns (9)."""
     from speedrun.engine import generate
     from speedrun.rl.rewards import score_samples
 
     rm = tiny_rm(3)
-    rm.pool, rm.max_len = pool, 9
+    rm.pool, rm.max_len = pool, max_len
     torch.manual_seed(0)
     policy = GPT(rm.config)
     torch.nn.init.normal_(policy.lm_head.weight, std=0.5)
@@ -260,8 +261,8 @@ def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool):
     s = generate(policy, prompts, 2, 6, stop_id=2, pad_id=0, generator=torch.Generator().manual_seed(0))
     got = score_samples(rm, prompts, s, pad_id=0, standardise=False)
     P, T = max(map(len, prompts)), s.tokens.size(1)
-    cut = P + T - rm.max_len  # leftmost columns dropped from the whole batch
-    assert cut > 0
+    cut = max(0, P + T - rm.max_len)  # leftmost columns dropped from the whole batch
+    assert (cut > 0) == (max_len == 9) and len(set(s.mask.sum(1).tolist())) > 1  # mixed lengths
     want = []
     for p, row, m in zip(s.prompt_index.tolist(), s.tokens, s.mask):
         kept = prompts[p][max(0, cut - (P - len(prompts[p]))):]

@@ -180,18 +180,57 @@ class PrefixCache(KVCache):
         return new
 
 
+def real_width(mask: Tensor) -> Tensor:
+    """[N]: the columns up to and including each row's last nonzero entry of mask [N, T] (0 for an empty row)."""
+    return ((mask != 0).long() * torch.arange(1, mask.size(1) + 1, device=mask.device)).amax(1) if mask.size(1) \
+        else mask.new_zeros(mask.size(0), dtype=torch.long)
+
+
+def length_groups(lengths: list[int], group_cost: int = 32) -> list[list[int]]:
+    """Row indices sorted by length and cut into contiguous groups that minimise the padded tokens of one forward
+    per group (group size x its longest row) plus group_cost tokens per extra forward (its fixed overhead).
+    Rows of length 0 are left out. Exact (dynamic programming over the distinct lengths)."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (lengths[i], i))
+    if not order:
+        return []
+    distinct = sorted({lengths[i] for i in order})
+    upto = [sum(lengths[i] <= d for i in order) for d in distinct]  # rows with length <= each distinct length
+    best = [0.0] + [float("inf")] * len(distinct)  # best[j]: cost of the rows of the first j distinct lengths
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):  # last group: the rows with lengths distinct[i:j]
+            cost = best[i] + (upto[j - 1] - (upto[i - 1] if i else 0)) * distinct[j - 1] + group_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(distinct)
+    while j:
+        bounds.append((upto[cut[j] - 1] if cut[j] else 0, upto[j - 1]))
+        j = cut[j]
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
 def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, prompt_index: Tensor,
-                        pad_id: int = 0) -> tuple[Tensor, Tensor]:
+                        pad_id: int = 0, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Hidden states of prompt + completion rows, each prompt computed once: (the prompt's last state [N, C],
     the completion tokens' states [N, T, C]) for row n = prompts[prompt_index[n]] + tokens[n]. The same numbers
-    as one forward over the concatenated rows (up to float rounding), at B x P + N x T tokens instead of N x (P + T)."""
+    as one forward over the concatenated rows (up to float rounding), at B x P + N x T tokens instead of N x (P + T).
+    lengths [N]: only the first lengths[n] tokens of row n are real; rows are then run in groups of similar length
+    (length_groups) and the states past a row's length are 0, so padding costs (almost) nothing."""
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, tokens.device)
     B, P = prompt_ids.shape
     cache = PrefixCache(model.config, B, P + tokens.size(1), tokens.device)
     last = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache)[:, -1]  # left padding: -1 is real
-    if tokens.size(1) == 0:
-        return last[prompt_index], last.new_zeros(tokens.size(0), 0, last.size(-1))
-    return last[prompt_index], model.hidden(tokens, kv_cache=cache.select(prompt_index))
+    N, T = tokens.shape
+    if T == 0:
+        return last[prompt_index], last.new_zeros(N, 0, last.size(-1))
+    if lengths is None:
+        return last[prompt_index], model.hidden(tokens, kv_cache=cache.select(prompt_index))
+    hidden = last.new_zeros(N, T, last.size(-1))
+    for rows in length_groups(lengths.clamp(max=T).tolist()):
+        w = min(T, int(lengths[rows[-1]]))
+        rows_t = torch.tensor(rows, device=tokens.device)
+        hidden[rows_t, :w] = model.hidden(tokens[rows_t, :w], kv_cache=cache.select(prompt_index[rows_t]))
+    return last[prompt_index], hidden
 
 
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,
@@ -210,10 +249,18 @@ def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Ten
         if N % n_prompts:
             raise ValueError(f"{N} completion rows do not split evenly over {n_prompts} prompts: pass prompt_index")
         prompt_index = torch.arange(n_prompts, device=tokens.device).repeat_interleave(N // n_prompts)
-    last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id)
-    hidden = torch.cat([last[:, None], hidden], 1)  # the states that predict completion tokens 0 .. T-1
-    lp = process_logits(model.logits(hidden), temperature, top_k, top_p, keep=tokens)
-    lp = lp.gather(-1, tokens[..., None]).squeeze(-1)
-    if mask is not None:
-        lp = torch.where(mask > 0, lp, torch.zeros_like(lp))
-    return lp
+    if mask is None:
+        last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id)
+        hidden = torch.cat([last[:, None], hidden], 1)  # the states that predict completion tokens 0 .. T-1
+        lp = process_logits(model.logits(hidden), temperature, top_k, top_p, keep=tokens)
+        return lp.gather(-1, tokens[..., None]).squeeze(-1)
+    # only the masked-in tokens are run (rows grouped by length) and only their logits computed
+    real = mask > 0
+    lengths = (real_width(real) - 1).clamp(min=0)  # the states needed: up to the token before the last real one
+    last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id, lengths)
+    hidden = torch.cat([last[:, None], hidden], 1)
+    picked = tokens[real]
+    lp = process_logits(model.logits(hidden[real]), temperature, top_k, top_p, keep=picked)
+    out = lp.new_zeros(N, T)
+    out[real] = lp.gather(-1, picked[:, None]).squeeze(-1)
+    return out

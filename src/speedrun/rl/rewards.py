@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from speedrun.engine import Samples, continuation_hidden, left_pad
+from speedrun.engine import Samples, continuation_hidden, left_pad, real_width
 from speedrun.reward.preference import RewardModel
 
 
@@ -17,7 +17,8 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     p_ids, p_mask = left_pad(prompts, pad_id, device)
     width = p_ids.size(1) + samples.tokens.size(1)
     if width <= rm.max_len:
-        _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id)
+        _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id,
+                                   real_width(samples.mask))
         r = rm.pool_scores(h, samples.mask > 0, torch.zeros(len(h), dtype=torch.long, device=device)).float().cpu()
         return rm.standardise(r) if standardise else r
     out = []
