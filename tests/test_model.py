@@ -49,8 +49,18 @@ def test_shapes_and_loss():
     per_token = model(idx, targets, reduction="none")
     assert per_token.shape == (3, 12) and (per_token[~keep] == 0).all()
     torch.testing.assert_close(per_token.sum() / keep.sum(), manual)
+    torch.testing.assert_close(model(idx, targets, reduction="sum"), manual * keep.sum())
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    # logits are computed only where a target is kept: the gradient is the one of the full masked loss
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(idx)
+    (-F.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)[keep].mean()).backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    full = torch.randint(0, V, (3, 12))  # nothing ignored: the plain path
+    torch.testing.assert_close(model(idx, full), F.cross_entropy(model(idx).flatten(0, 1), full.flatten()))
 
 
 def test_hidden_then_logits_equals_forward():

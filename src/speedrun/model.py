@@ -221,12 +221,19 @@ class GPT(nn.Module):
                 *, key_mask: Tensor | None = None, positions: Tensor | None = None,
                 kv_cache: KVCache | None = None) -> Tensor:
         """logits [B, T, V] if targets is None, else the cross-entropy (mean over non-ignored tokens, or [B, T])."""
-        logits = self.logits(self.hidden(idx, key_mask=key_mask, positions=positions, kv_cache=kv_cache))
+        hidden = self.hidden(idx, key_mask=key_mask, positions=positions, kv_cache=kv_cache)
         if targets is None:
-            return logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=ignore_index, reduction=reduction)
-        return loss.view(targets.shape) if reduction == "none" else loss
+            return self.logits(hidden)
+        keep = targets != ignore_index
+        if bool(keep.all()):
+            loss = F.cross_entropy(self.logits(hidden).flatten(0, -2), targets.reshape(-1), reduction=reduction)
+            return loss.view(targets.shape) if reduction == "none" else loss
+        # logits only where a target is kept (SFT: the assistant's tokens, about half): the lm head and the
+        # softmax over the vocabulary are a quarter of the model's work per token
+        picked = F.cross_entropy(self.logits(hidden[keep]), targets[keep], reduction="none")
+        if reduction == "none":
+            return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(keep, picked)
+        return picked.sum() if reduction == "sum" else picked.mean()
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

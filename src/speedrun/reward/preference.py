@@ -318,10 +318,10 @@ def response_logprob(gpt: GPT, rows: Sequence[list[int]], prompt_lens: Sequence[
         idx = order[s:s + batch_size]
         ids, mask = pad_rows([rows[i] for i in idx])
         ids, mask = ids.to(device), mask.to(device)
-        logp = torch.log_softmax(gpt(ids, key_mask=mask)[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         pos = torch.arange(1, ids.size(1), device=device)[None]
         lens = torch.tensor([prompt_lens[i] for i in idx], device=device)[:, None]
-        out[idx] = (logp * ((pos >= lens) & mask[:, 1:])).sum(1).cpu()
+        targets = ids[:, 1:].masked_fill(~((pos >= lens) & mask[:, 1:]), -1)  # the response tokens only
+        out[idx] = -gpt(ids[:, :-1], targets, reduction="none", key_mask=mask[:, :-1]).sum(1).cpu()
     return out
 
 
