@@ -43,7 +43,7 @@ def main(
     batch_size: int = typer.Option(param_default("rm.batch_size"),
                                    help="pairs per optimizer step, all processes together"),
     micro_batch: int = typer.Option(0, help="pairs per forward per process (0 = the whole share)"),
-    micro_tokens: int = typer.Option(1024, help="re-cut micro-batches by length to at most this many padded "
+    micro_tokens: int = typer.Option(4096, help="re-cut micro-batches by length to at most this many padded "
                                                "tokens (same gradient, less padding; 0 = off)"),
     lr: float = typer.Option(param_default("rm.lr"), help="peak AdamW learning rate"),
     weight_decay: float = typer.Option(0.0, help="AdamW weight decay on matrices"),
@@ -90,7 +90,8 @@ def main(
     gpt, init_meta = load_model(init_dir, d.device, tok.digest)
     if d.is_main:  # does the SFT model itself give the right answer a higher likelihood? (what its trunk knows)
         with autocast(d.device, bf16):
-            lm = pref.response_logprob(gpt, val["chosen"] + val["rejected"], val["prompt_len"] * 2, 32, d.device)
+            lm = pref.response_logprob(gpt, val["chosen"] + val["rejected"], val["prompt_len"] * 2,
+                                     device=d.device)
         sft_margin = lm[:len(val["id"])] - lm[len(val["id"]):]
     rm = pref.RewardModel.from_gpt(gpt, pool)
     del gpt

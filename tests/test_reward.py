@@ -119,6 +119,32 @@ def test_length_micro_batches_keep_the_step_gradient():
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
 
 
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_paired_forward_runs_each_prompt_once_with_the_same_rewards_and_gradient(pool):
+    """Training scores a pair_batch with paired=True (the shared prompt run once): the rewards and the BT gradient
+    equal scoring every row on its own."""
+    g = torch.Generator().manual_seed(5)
+    chosen, rejected, plens = [], [], []
+    for i in range(6):
+        prompt = torch.randint(1, 32, (2 + i % 4,), generator=g).tolist()
+        chosen.append(prompt + torch.randint(1, 32, (1 + (3 * i) % 7,), generator=g).tolist())
+        rejected.append(prompt + torch.randint(1, 32, (2 + i % 3,), generator=g).tolist())
+        plens.append(len(prompt))
+    x, y = pref.pair_batch(chosen, rejected, plens)
+
+    def rewards_and_grads(paired):
+        rm = tiny_rm(4)
+        rm.pool = pool
+        r = rm(x.clamp(min=0), x >= 0, y.repeat(2), paired=paired)
+        (r * torch.arange(1.0, 13.0)).sum().backward()
+        return r.detach(), [p.grad for p in rm.parameters()]
+
+    (r1, g1), (r2, g2) = rewards_and_grads(False), rewards_and_grads(True)
+    torch.testing.assert_close(r2, r1, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3)
+
+
 def test_train_last_blocks_freezes_the_rest_of_the_trunk():
     for k, changed in ((0, set()), (1, {"trunk.blocks.1."})):
         rm = tiny_rm(1)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.common import read_json, torch_load
+from speedrun.engine import continuation_hidden, sequence_logprobs
 from speedrun.model import GPT, GPTConfig
 from speedrun.tokenizer import Tokenizer
 from speedrun.train.data import StepSampler, by_length
@@ -65,11 +66,25 @@ class RewardModel(nn.Module):
         rm.max_len = int(meta.get("max_len", rm.config.seq_len))
         return rm.to(device).eval()
 
-    def forward(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None,
+                paired: bool = False) -> Tensor:
         """Raw reward [B] (fp32) of each row; rows may be right- or left-padded (key_mask False on pads).
-        start [B]: the index of each row's first response token (needed by pool "mean"). Training calls the
-        module itself so that DDP sees the forward."""
-        return self.pool_scores(self.trunk.hidden(ids, key_mask=key_mask), key_mask, start)
+        start [B]: the index of each row's first response token (needed by pool "mean"). paired: right-padded
+        rows i and i + B/2 answer the same prompt, ids[i, :start[i]] (a pair_batch), which is then run once for
+        both (the same rewards up to float rounding, ~30% fewer tokens). Training calls the module itself so
+        that DDP sees the forward."""
+        if not paired:
+            return self.pool_scores(self.trunk.hidden(ids, key_mask=key_mask), key_mask, start)
+        n, T = ids.shape
+        lengths = key_mask.sum(1)
+        prompts = [row[:int(k)] for row, k in zip(ids[:n // 2].tolist(), start[:n // 2].tolist())]
+        width = int((lengths - start).max())
+        col = (start[:, None] + torch.arange(width, device=ids.device)[None]).clamp(max=T - 1)
+        resp_mask = torch.arange(width, device=ids.device)[None] < (lengths - start)[:, None]
+        resp = ids.gather(1, col).masked_fill(~resp_mask, 0)
+        prompt_index = torch.arange(n // 2, device=ids.device).repeat(2)
+        _, h = continuation_hidden(self.trunk, prompts, resp, prompt_index, 0, resp_mask.sum(1))
+        return self.pool_scores(h, resp_mask, torch.zeros_like(start))
 
     def pool_scores(self, h: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
         """Raw reward [B] from the trunk's hidden states h [B, T, C] of rows laid out as in forward()."""
@@ -216,7 +231,7 @@ def pair_batch(chosen: Sequence[list[int]], rejected: Sequence[list[int]], promp
 
 def bt_loss_sum(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """Bradley-Terry loss summed over the pairs of a pair_batch (the loop divides by the pair count)."""
-    r = model(x.clamp(min=0), x >= 0, y.clamp(min=0).repeat(2))
+    r = model(x.clamp(min=0), x >= 0, y.clamp(min=0).repeat(2), paired=True)
     margin = r[:y.numel()] - r[y.numel():]
     return -(F.logsigmoid(margin) * (y != -1)).sum()
 
@@ -298,30 +313,38 @@ def pair_metrics(chosen: Tensor, rejected: Tensor, kinds: Sequence[str], prefix:
 def evaluate(rm: RewardModel, pairs: dict[str, list], batch_size: int = 64, device: str = "cpu"
              ) -> tuple[dict[str, float], Tensor, Tensor]:
     """(metrics, chosen rewards, rejected rewards) of rendered pairs."""
-    if not rm.head.weight.any():  # the untrained zero head scores everything 0: no forward pass needed
-        r = torch.zeros(2 * len(pairs["chosen"]))
-    else:
-        r = score_ids(rm, pairs["chosen"] + pairs["rejected"], pairs["prompt_len"] * 2, batch_size, device)
-    rc, rr = r[:len(pairs["chosen"])], r[len(pairs["chosen"]):]
+    n = len(pairs["chosen"])
+    rc, rr = torch.zeros(n), torch.zeros(n)
+    if rm.head.weight.any():  # the untrained zero head scores everything 0: no forward pass needed
+        order = sorted(range(n), key=lambda i: (max(len(pairs["chosen"][i]), len(pairs["rejected"][i])), i))
+        for s in range(0, n, max(1, batch_size // 2)):  # batched by length, each pair's prompt run once
+            idx = order[s:s + max(1, batch_size // 2)]
+            x, y = pair_batch([pairs["chosen"][i] for i in idx], [pairs["rejected"][i] for i in idx],
+                              [pairs["prompt_len"][i] for i in idx])
+            x, y = x.to(device), y.to(device)
+            with torch.no_grad():
+                r = rm(x.clamp(min=0), x >= 0, y.repeat(2), paired=True).float().cpu()
+            rc[idx], rr[idx] = r[:len(idx)], r[len(idx):]
     return pair_metrics(rc, rr, pairs["kind"]), rc, rr
 
 
 @torch.no_grad()
-def response_logprob(gpt: GPT, rows: Sequence[list[int]], prompt_lens: Sequence[int], batch_size: int = 32,
+def response_logprob(gpt: GPT, rows: Sequence[list[int]], prompt_lens: Sequence[int], batch_size: int = 256,
                      device: str = "cpu") -> Tensor:
     """Summed log-probability [N] of each row's response tokens (<|assistant_end|> included) given its prompt,
     under a language model: log p(chosen) > log p(rejected) says whether the SFT model itself knows which
-    answer is right, the knowledge an RM built on its trunk can read out."""
-    order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))  # batched by length: little padding
+    answer is right, the knowledge an RM built on its trunk can read out. Rows that share a prompt (a pair's
+    chosen and rejected) run it once (sequence_logprobs)."""
+    prompt = [tuple(r[:n]) for r, n in zip(rows, prompt_lens)]
+    order = sorted(range(len(rows)), key=lambda i: (prompt[i], i))  # the rows of one prompt adjacent
     out = torch.empty(len(rows))
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
-        ids, mask = pad_rows([rows[i] for i in idx])
-        ids, mask = ids.to(device), mask.to(device)
-        pos = torch.arange(1, ids.size(1), device=device)[None]
-        lens = torch.tensor([prompt_lens[i] for i in idx], device=device)[:, None]
-        targets = ids[:, 1:].masked_fill(~((pos >= lens) & mask[:, 1:]), -1)  # the response tokens only
-        out[idx] = -gpt(ids[:, :-1], targets, reduction="none", key_mask=mask[:, :-1]).sum(1).cpu()
+        unique = {p: j for j, p in enumerate(dict.fromkeys(prompt[i] for i in idx))}
+        tokens, mask = pad_rows([rows[i][prompt_lens[i]:] for i in idx])
+        lp = sequence_logprobs(gpt, [list(p) for p in unique], tokens.to(device), mask=mask.to(device).float(),
+                               prompt_index=torch.tensor([unique[prompt[i]] for i in idx], device=device))
+        out[idx] = lp.sum(1).float().cpu()
     return out
 
 
