@@ -68,31 +68,31 @@ def main(
     report: Path = typer.Option(Path("reports/report.md"), help="markdown report"),
     fig_dir: Path = typer.Option(Path("reports/figures"), help="report figures"),
 ) -> None:
-    runs = params_lib.grpo_runs(params_lib.load(params), str(params))
+    sampling, seeds_trained = params_lib.grpo_variants(params_lib.load(params), str(params))
     pairs_list = [tuple(c.split(":")) for c in comparisons.split(",") if c]
     for c in pairs_list:
-        if len(c) != 2 or any(v not in runs for v in c):
-            raise typer.BadParameter(f"--comparisons: {':'.join(c)!r} is not a:b of variants {sorted(runs)}")
+        if len(c) != 2 or any(v not in sampling for v in c):
+            raise typer.BadParameter(f"--comparisons: {':'.join(c)!r} is not a:b of variants {sorted(sampling)}")
     dev = pick_device(device)
     tok = tokenizer_lib.load(tokenizer_dir)
     df, ids = load_prompts(prompts, tok, "eval", max_prompt_len)
     order = df.sort_values("prompt_id").index[: max_prompts or None]
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
     rm = RewardModel.load(rm_dir, dev, tok.digest)
-    models = {"sft": sft_dir} | {run_name(v, s): runs_dir / f"{v}_s{s}" for v, by_seed in runs.items() for s in by_seed}
+    models = {"sft": sft_dir} | {run_name(v, s): runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
     samples = sample_models(models, tok, rm, df, ids, pairs, seeds, samples_per_prompt, max_new_tokens, temperature,
                             top_p, seed, dev)
     write_parquet(samples_out, samples)
-    variants = {v: [run_name(v, s) for s in by_seed] for v, by_seed in runs.items()}
+    variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=[p for p in primary.split(",") if p],
                       reward_margin=reward_margin, n_boot=n_boot, seed=seed)
     write_json(result_out, result)
     write_json(metrics, flat_metrics(result))
     logs, weights = {}, {}
-    for v, by_seed in runs.items():
-        for s in by_seed:
+    for v in sampling:
+        for s in seeds_trained:
             logs[run_name(v, s)] = pd.read_csv(runs_dir / f"{v}_s{s}" / "log.csv")
-        w = pd.read_parquet(runs_dir / f"{v}_s{next(iter(by_seed))}" / "weights.parquet")  # same for every seed
+        w = pd.read_parquet(runs_dir / f"{v}_s{seeds_trained[0]}" / "weights.parquet")  # same for every seed
         weights[v] = group_shares(torch.tensor(w["weight"].to_numpy()), w["group"].tolist())
     setup = {"models": {k: str(v) for k, v in models.items()}, "eval prompts": len(df), "seeds": seeds,
              "samples per prompt": samples_per_prompt,

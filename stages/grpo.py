@@ -61,10 +61,11 @@ def main(
     metrics: Path = typer.Option(Path("reports/metrics/grpo/density_s1.json"), help="metrics JSON"),
 ) -> None:
     if not sampling:
-        spec = (params_lib.load(params).get("grpo", {}).get("variants") or {}).get(variant)
-        if not isinstance(spec, dict) or "sampling" not in spec:
-            raise typer.BadParameter(f"{params}: no grpo.variants.{variant}.sampling (or pass --sampling)")
-        sampling = spec["sampling"]
+        by_variant = params_lib.grpo_variants(params_lib.load(params), str(params))[0]
+        if variant not in by_variant:
+            raise typer.BadParameter(f"{params}: no grpo.variants.{variant} (have {sorted(by_variant)}; "
+                                     "or pass --sampling)")
+        sampling = by_variant[variant]
     if truncated not in ("mask", "keep"):
         raise typer.BadParameter(f"--truncated must be mask or keep, not {truncated!r}")
     dev = pick_device(device)

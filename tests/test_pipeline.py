@@ -134,8 +134,8 @@ def test_grpo_plots_cover_every_run_of_params():
     """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""
     from speedrun import params
     from conftest import REPO
-    runs = params.grpo_runs(params.load(REPO / "params.yaml"))
-    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v, by_seed in runs.items() for s in by_seed}
+    variants, seeds = params.grpo_variants(params.load(REPO / "params.yaml"))
+    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v in variants for s in seeds}
     for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]:
         name, spec = next(iter(plot.items()))
         if name.startswith("grpo_"):

@@ -3,7 +3,7 @@
 Stage flags that dvc.yaml templates from params.yaml take their defaults from it (`param_default`), so
 `python -m stages.<name>` with no flags does what `dvc repro` does with the committed params (tests/test_params.py
 checks every templated flag). Stages that need more of it than flags carry (the GRPO runs: variants x seeds) read
-it with `load`.
+it with `load` and `grpo_variants`.
 """
 from __future__ import annotations
 
@@ -40,17 +40,15 @@ def param_default(key: str) -> Any:
     return value
 
 
-def grpo_runs(params: dict[str, Any], where: str = "params.yaml") -> dict[str, dict[int, str]]:
-    """{variant: {training seed: sampling mode}} from grpo.variants x grpo.seeds: one GRPO run each."""
+def grpo_variants(params: dict[str, Any], where: str = "params.yaml") -> tuple[dict[str, str], list[int]]:
+    """({variant: sampling mode}, training seeds) from grpo.variants and grpo.seeds: one GRPO run per pair."""
     grpo = params.get("grpo", {})
     variants, seeds = grpo.get("variants") or {}, grpo.get("seeds") or []
     if not variants or not seeds:
         raise ValueError(f"{where}: grpo.variants and grpo.seeds must both be non-empty")
     if len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
         raise ValueError(f"{where}: grpo.seeds must be distinct integers, got {seeds}")
-    out = {}
     for name, spec in variants.items():
         if not isinstance(spec, dict) or set(spec) != {"sampling"}:
             raise ValueError(f"{where}: grpo.variants.{name} must be {{sampling: density|uniform}}, got {spec}")
-        out[str(name)] = {int(s): spec["sampling"] for s in seeds}
-    return out
+    return {str(name): spec["sampling"] for name, spec in variants.items()}, [int(s) for s in seeds]

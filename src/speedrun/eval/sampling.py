@@ -72,12 +72,13 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
     bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
         model, _ = load_model(Path(ckpt), device, tok.digest)
+        ll = None
         if pairs_path is not None:
             if ref is None:
                 ref = reference_token_ids(pairs_path, tok, prompts["prompt_id"].tolist(), ids, model.config.seq_len)
             ll = reference_logprob(model, *ref, device)
         rows += sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
-                             temperature, top_p, seed, device, ll if pairs_path is not None else None)
+                             temperature, top_p, seed, device, ll)
         bar.update(1)
         bar.log(f"eval: sampled {name} ({len(prompts)} prompts x {seeds} seeds x {samples_per_prompt})")
     bar.close()
