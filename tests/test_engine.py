@@ -213,3 +213,23 @@ def test_masked_logprobs_run_only_real_tokens_and_match_the_full_forward():
     torch.testing.assert_close(grouped, full, atol=1e-5, rtol=1e-5)
     for a, p in zip(g_grouped, model.parameters()):
         torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_grouped_logprob_gradient_is_bitwise_repeatable_on_two_threads():
+    """The prompt cache is shared by its G rows; on >1 CPU threads the backward of x[rows] with repeated rows adds
+    with atomics (float noise run to run), so the engine selects rows with index_select, whose backward adds in a
+    fixed order. Sizes are above the CPU kernels' parallel grain (32,768 elements)."""
+    model = tiny(vocab=64, scale=0.2)
+    prompts = [[(7 * j + i) % 60 + 1 for j in range(30 - i)] for i in range(8)]  # lengths 30 ... 23
+    s = generate(model, prompts, num_samples=16, max_new_tokens=24, stop_id=5, generator=gen(3))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(10):  # the old x[rows] failed this in 2 of 3 runs at 6 repeats
+            model.zero_grad()
+            sequence_logprobs(model, prompts, s.tokens, mask=s.mask).sum().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grads[0], g) for g in grads[1:])

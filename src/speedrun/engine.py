@@ -172,11 +172,13 @@ class PrefixCache(KVCache):
         return k, v
 
     def select(self, rows: Tensor) -> PrefixCache:
-        """A cache whose row i is this cache's row rows[i] (differentiable: the copies share their gradient)."""
+        """A cache whose row i is this cache's row rows[i] (differentiable: the copies share their gradient).
+        index_select, not x[rows]: the backward of x[rows] with repeated rows adds with atomics on >1 CPU threads
+        (run-to-run float noise); index_select's backward (index_add_) adds in a fixed order."""
         new = PrefixCache(self.config, rows.numel(), self.max_len, self.valid.device)
         new.pos, new.padded = self.pos, self.padded
         new.valid, new.lengths = self.valid[rows], self.lengths[rows]
-        new.layer_kv = [None if kv is None else (kv[0][rows], kv[1][rows]) for kv in self.layer_kv]
+        new.layer_kv = [None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows)) for kv in self.layer_kv]
         return new
 
 
@@ -222,15 +224,15 @@ def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: T
     last = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache)[:, -1]  # left padding: -1 is real
     N, T = tokens.shape
     if T == 0:
-        return last[prompt_index], last.new_zeros(N, 0, last.size(-1))
+        return last.index_select(0, prompt_index), last.new_zeros(N, 0, last.size(-1))
     if lengths is None:
-        return last[prompt_index], model.hidden(tokens, kv_cache=cache.select(prompt_index))
+        return last.index_select(0, prompt_index), model.hidden(tokens, kv_cache=cache.select(prompt_index))
     hidden = last.new_zeros(N, T, last.size(-1))
     for rows in length_groups(lengths.clamp(max=T).tolist()):
         w = min(T, int(lengths[rows[-1]]))
         rows_t = torch.tensor(rows, device=tokens.device)
         hidden[rows_t, :w] = model.hidden(tokens[rows_t, :w], kv_cache=cache.select(prompt_index[rows_t]))
-    return last[prompt_index], hidden
+    return last.index_select(0, prompt_index), hidden
 
 
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,
