@@ -12,7 +12,7 @@ from speedrun.train import data, distributed
 from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import TrainConfig, train
 from speedrun.train.outputs import sample_texts, throughput, write_logs
-from speedrun.params import param_default
+from speedrun.params import from_options, param_default
 
 
 def main(
@@ -62,10 +62,7 @@ def main(
     seed_everything(seed)
     config = GPTConfig(vocab_size=tok.vocab_size, depth=depth, n_embd=width, head_dim=head_dim, seq_len=seq_len)
     model = GPT(config).to(d.device)
-    cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-                      final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_bpb",
-                      optimizer=optimizer)
+    cfg = from_options(TrainConfig, locals(), bf16=use_bf16(dtype, d.device), monitor="val_bpb")
     sampler = data.StepSampler(len(train_win), batch_size, micro_batch, seed, "pretrain")
     if d.is_main:
         print(f"pretrain: {model.num_params() / 1e6:.2f}M params, {len(train_win)} train windows of {seq_len}, "

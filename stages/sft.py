@@ -11,7 +11,7 @@ from speedrun.train import data, distributed
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.loop import TrainConfig, train
 from speedrun.train.outputs import sample_texts, throughput, write_logs
-from speedrun.params import param_default
+from speedrun.params import from_options, param_default
 
 
 def main(
@@ -79,10 +79,7 @@ def main(
     seed_everything(seed)
     model, meta = load_model(init_dir, d.device, tok.digest)
     model.train()
-    cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-                      final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=use_bf16(dtype, d.device), monitor="val_loss",
-                      optimizer=optimizer)
+    cfg = from_options(TrainConfig, locals(), bf16=use_bf16(dtype, d.device), monitor="val_loss")
     sampler = data.StepSampler(len(rendered["train"]), batch_size, micro_batch, seed, "sft")
     if d.is_main:
         print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "

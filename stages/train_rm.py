@@ -1,24 +1,14 @@
 """Stage train_rm: the preference reward model (SFT trunk + scalar head, Bradley-Terry loss) -> outs/rm/.
-
-Trains on the 'train' split of data/prompts/pairs.parquet. Validates on the pairs of the held-out 'eval' prompts:
-they are never trained on (they only pick the best of a few checkpoints), dedup keeps near-duplicates on one
-side, and they are the prompts whose rewards the diversity evaluation reads. Val accuracy is reported per negative
-kind beside a word-overlap baseline and beside the SFT model's own preference (log p(chosen) > log p(rejected)),
-which says whether the trunk knows the answers at all."""
+The recipe (what it trains on, how it validates, what it reports) is speedrun.reward.train_rm."""
 from pathlib import Path
 
-import torch
 import typer
 
-from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, stable_hash, write_json
-from speedrun.reward import preference as pref
+from speedrun.common import pick_device, DTYPE_HELP, use_bf16
+from speedrun.reward.train_rm import RMRecipe, train_reward_model
 from speedrun.train import distributed
-from speedrun.train.checkpoint import load_model, save_model
-from speedrun.train.data import StepSampler
-from speedrun.train.loop import TrainConfig, autocast, train
-from speedrun.train.outputs import write_logs
-from speedrun.params import param_default
+from speedrun.train.loop import TrainConfig
+from speedrun.params import param_default, from_options
 
 
 def main(
@@ -68,88 +58,11 @@ def main(
     out_dir: Path = typer.Option(Path("outs/rm"), help="model.pt, meta.json, log.csv, eval.csv"),
     metrics: Path = typer.Option(Path("reports/metrics/rm.json"), help="metrics JSON"),
 ) -> None:
-    if train_last_blocks < 0 or max_len <= pref.MIN_RESPONSE_TOKENS:
-        raise typer.BadParameter(f"need --train-last-blocks >= 0 and --max-len > {pref.MIN_RESPONSE_TOKENS}")
     distributed.maybe_relaunch(nproc, "stages.train_rm")
     d = distributed.setup(pick_device(device))
-    bf16 = use_bf16(dtype, d.device)
-    tok = tokenizer_lib.load(tokenizer_dir)
-    df = pref.load_pairs(*pairs)
-    split = pref.split_pairs(df, tok, max_len)
-    (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["eval"]
-    train_pairs, not_trained = pref.select_kinds(train_pairs, train_kinds)
-    val_trained, _ = pref.select_kinds(val, train_kinds)
-    if not train_pairs["id"] or not val_trained["id"]:
-        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'eval' pairs of kinds {train_kinds!r} "
-                         f"(train pairs left out by kind: {not_trained}; skipped: train {train_skipped}, "
-                         f"eval {val_skipped})")
-    n_val = len(val_trained["id"])
-    picked = sorted({i * n_val // eval_pairs for i in range(eval_pairs)}) if 0 < eval_pairs < n_val else range(n_val)
-    val_periodic = {k: [v[i] for i in picked] for k, v in val_trained.items()}
-    seed_everything(seed)
-    gpt, init_meta = load_model(init_dir, d.device, tok.digest)
-    if d.is_main:  # does the SFT model itself give the right answer a higher likelihood? (what its trunk knows)
-        with autocast(d.device, bf16):
-            lm = pref.response_logprob(gpt, val["chosen"] + val["rejected"], val["prompt_len"] * 2,
-                                     device=d.device)
-        sft_margin = lm[:len(val["id"])] - lm[len(val["id"]):]
-    rm = pref.RewardModel.from_gpt(gpt, pool)
-    del gpt
-    rm.max_len = max_len
-    pref.freeze(rm, train_last_blocks)
-    cfg = TrainConfig(steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-                      final_lr_frac=final_lr_frac, grad_clip=grad_clip, eval_every=eval_every, patience=patience,
-                      min_delta=min_delta, save_every=save_every, bf16=bf16, monitor="val_loss")
-    sampler = StepSampler(len(train_pairs["id"]), batch_size, micro_batch, seed, "rm")
-    n_trained = sum(p.numel() for p in rm.parameters() if p.requires_grad)
-    if d.is_main:
-        print(f"rm: {len(train_pairs['id'])} train pairs of kinds {train_kinds} (left out: {not_trained}) / "
-              f"{len(val['id'])} val pairs ({len(picked)} of the trained kinds per periodic eval; "
-              f"skipped train {train_skipped}, "
-              f"eval {val_skipped}), training {n_trained / 1e6:.2f}M of {rm.trunk.num_params() / 1e6:.2f}M params "
-              f"(last {train_last_blocks} blocks + head), {d.world} process(es) on {d.device} "
-              f"in {'bf16' if bf16 else 'fp32'}")
-    result = train(rm, cfg, pref.pair_batch_fn(train_pairs, sampler, micro_tokens),
-                   lambda m: pref.evaluate(m, val_periodic, 64, d.device)[0], d, scratch=scratch_dir,
-                   fingerprint=f"rm|{tok.digest}|{init_meta}|{stable_hash(*train_pairs['id'])}|{max_len}|"
-                               f"{train_last_blocks}|{seed}|{batch_size}|{pool}|{train_kinds}",
-                   loss_fn=pref.bt_loss_sum, name="rm")
-    if d.is_main:
-        rm.load_state_dict(result.best_state)
-        rm.eval()
-        with autocast(d.device, bf16):
-            val_metrics, rc, rr = pref.evaluate(rm, val, 64, d.device)
-        rewards = torch.cat([rc, rr])  # every val response: the scale GRPO standardises with
-        baseline = torch.tensor(pref.overlap_baseline(val["prompt"], val["chosen_text"], val["rejected_text"]))
-        kinds = pref.by_kind(val["kind"], acc=pref.correct(rc - rr), margin=rc - rr, baseline_acc=baseline,
-                             sft_logprob_acc=pref.correct(sft_margin))
-        m = {"val_acc": kinds["all"]["acc"], "val_margin": kinds["all"]["margin"],
-             "val_loss": round(val_metrics["val_loss"], 5), "baseline_acc": kinds["all"]["baseline_acc"],
-             "sft_logprob_acc": kinds["all"]["sft_logprob_acc"], "by_kind": kinds,
-             "reward_mean": round(float(rewards.mean()), 6), "reward_std": round(float(rewards.std()), 6),
-             "val_split": "eval", "train_pairs": len(train_pairs["id"]), "val_pairs": len(val["id"]),
-             "train_kinds": train_kinds, "train_pairs_left_out": not_trained,
-             "skipped": {"train": train_skipped, "eval": val_skipped},
-             "truncated_responses": {"train": train_cut, "eval": val_cut},
-             "pool": pool, "train_last_blocks": train_last_blocks, "trained_params": n_trained,
-             "steps": result.steps_done,
-             "best_step": result.best_eval["step"], "stopped_early": result.stopped_early, "pairs_seen": result.tokens,
-             "pairs_per_s": round(result.tokens / max(result.train_seconds, 1e-9), 1)}
-        val_keys = ("val_acc", "val_margin", "val_loss", "baseline_acc", "sft_logprob_acc", "by_kind")
-        meta = {"tokenizer": tok.digest, "step": result.steps_done, "init": str(init_dir), "max_len": max_len,
-                "pool": pool,
-                "train_last_blocks": train_last_blocks, "reward_mean": m["reward_mean"],
-                "reward_std": m["reward_std"], "val": {k: m[k] for k in val_keys}}
-        if m["best_step"] == 0:
-            print("rm: WARNING: no eval beat the untrained model (zero head, every reward equal): this RM is constant")
-        save_model(out_dir, result.best_state, rm.config, meta)
-        write_logs(out_dir, result)
-        write_json(metrics, m)
-        for k, v in kinds.items():
-            print(f"rm val {k} ({v['pairs']} pairs): acc {v['acc']:.3f}, margin {v['margin']:.3f} | word-overlap "
-                  f"baseline {v['baseline_acc']:.3f} | SFT log-likelihood {v['sft_logprob_acc']:.3f}")
-        print(f"rm: val acc {m['val_acc']:.3f} after {m['steps']} steps (best at {m['best_step']}), "
-              f"rewards {m['reward_mean']:.3f} ± {m['reward_std']:.3f}")
+    cfg = from_options(TrainConfig, locals(), bf16=use_bf16(dtype, d.device), monitor="val_loss")
+    train_reward_model(pairs, init_dir, tokenizer_dir, from_options(RMRecipe, locals()), cfg, d, scratch_dir, out_dir,
+                       metrics)
     distributed.teardown()
 
 

@@ -1,6 +1,7 @@
 import json
 
 import pandas as pd
+import yaml
 import pytest
 
 from speedrun.data import corpus
@@ -117,7 +118,29 @@ def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
     sft.embedded_qa.cache_clear()
     import pathlib
     stage_sources = {p.name: p.read_text() for p in (pathlib.Path(__file__).parents[1] / "stages").glob("*.py")}
-    assert [n for n, text in stage_sources.items() if "collect" in text or "stdlib_dir" in text] == ["corpus.py"]
+    readers = {n for n, text in stage_sources.items()
+               if "import collect" in text or ", collect" in text or "speedrun.data.stdlib" in text}
+    assert readers == {"corpus.py", "interpreter.py"}  # the object table, and the fingerprint of what it read
+
+
+def test_another_python_reruns_the_corpus(tmp_path):
+    """DVC cannot see the interpreter: the always-running `interpreter` stage writes a fingerprint of the stdlib files
+    the corpus reads, and the corpus stage depends on it. The fingerprint moves with those files' content only."""
+    from speedrun.data.stdlib import interpreter_fingerprint
+    (tmp_path / "json").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text('"""JSON."""')
+    (tmp_path / "tests" / "test_json.py").write_text("pass")
+    first = interpreter_fingerprint(tmp_path)
+    assert first["stdlib_files"] == 1 and first["python"].count(".") == 2
+    (tmp_path / "tests" / "test_json.py").write_text("pass  # a test suite: not read")
+    assert interpreter_fingerprint(tmp_path) == first
+    (tmp_path / "json" / "__init__.py").write_text('"""JSON, another Python."""')
+    assert interpreter_fingerprint(tmp_path)["stdlib_digest"] != first["stdlib_digest"]
+    import pathlib
+    stages = yaml.safe_load((pathlib.Path(__file__).parents[1] / "dvc.yaml").read_text())["stages"]
+    assert stages["interpreter"]["always_changed"] is True
+    assert "data/interpreter.json" in stages["corpus"]["deps"]
 
 
 def test_a_bad_object_table_names_the_row(tmp_path):

@@ -8,8 +8,9 @@ it with `load` and `grpo_variants`.
 from __future__ import annotations
 
 import functools
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -38,6 +39,16 @@ def param_default(key: str) -> Any:
             raise KeyError(f"params.yaml has no {key!r} (a stage's flag default names it)")
         value = value[part]
     return value
+
+
+T = TypeVar("T")
+
+
+def from_options(cls: type[T], options: dict[str, Any], **fixed: Any) -> T:
+    """A config dataclass from a stage's options (its locals()): every field the stage has a flag for, plus `fixed`;
+    the rest keep the dataclass's defaults. One line instead of each field spelled out again."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
+    return cls(**{k: options[k] for k in names if k in options}, **fixed)
 
 
 def grpo_variants(params: dict[str, Any], where: str = "params.yaml") -> tuple[dict[str, str], list[int]]:

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
 import platform
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from speedrun.common import stable_hash, stable_unit
-
-SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "_bundled"}
+from speedrun.data.stdlib import stdlib_dir, stdlib_files
 
 
 @dataclass(frozen=True)
@@ -38,10 +35,6 @@ class DocObject:
     def summary(self) -> str:
         """First paragraph of the docstring, whitespace collapsed."""
         return " ".join(self.docstring.strip().split("\n\n")[0].split())
-
-
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
 
 
 def split_of(top: str, val_frac: float, salt: str = "split") -> str:
@@ -101,11 +94,7 @@ def collect(root: Path | None = None) -> tuple[list[DocObject], dict[str, int]]:
     root = root or stdlib_dir()
     objects: list[DocObject] = []
     skipped = {"unparsable_file": 0}
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
-    for path in sorted(files):
+    for path in stdlib_files(root):
         rel = path.relative_to(root).with_suffix("")
         parts = list(rel.parts)
         if parts[-1] == "__init__":
