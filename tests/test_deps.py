@@ -72,3 +72,16 @@ def test_the_checker_sees_indirect_imports():
     files = {f.relative_to(REPO).as_posix() for f in transitive(REPO / "stages/grpo.py")}
     # stages/grpo.py -> speedrun.rl.trainer -> speedrun.engine -> speedrun.model
     assert {"stages/grpo.py", "src/speedrun/rl/trainer.py", "src/speedrun/engine.py", "src/speedrun/model.py"} <= files
+
+
+def test_the_committed_lock_names_only_stages_of_dvc_yaml(tmp_path):
+    """DVC keeps a removed stage's entry in dvc.lock: a stale entry would describe artifacts no stage makes."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(tmp_path), DVC_NO_ANALYTICS="1")
+    res = subprocess.run([sys.executable, "-m", "dvc", "stage", "list", "--name-only"], cwd=REPO, env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    locked = set(yaml.safe_load((REPO / "dvc.lock").read_text())["stages"])
+    assert locked <= set(res.stdout.split()), sorted(locked - set(res.stdout.split()))
