@@ -79,7 +79,7 @@ def plot_frontier(points: list[dict], metric: str, sweep: str, path: Path) -> No
     spare = iter(["#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"])
     fig = Figure(figsize=(6.5, 4.8))
     ax = fig.add_subplot(1, 1, 1)
-    for variant in sorted({p["variant"] for p in points}):
+    for k, variant in enumerate(sorted({p["variant"] for p in points})):
         pts = sorted((p for p in points if p["variant"] == variant), key=lambda p: (str(p["sweep"]), p["experiment"]))
         color = colors.get(variant) or next(spare, "#555555")
         xs, ys = [p["x"] for p in pts], [p["y"] for p in pts]
@@ -87,7 +87,8 @@ def plot_frontier(points: list[dict], metric: str, sweep: str, path: Path) -> No
                     yerr=[[p["y"] - p["y_ci_low"] for p in pts], [p["y_ci_high"] - p["y"] for p in pts]],
                     fmt="o-", color=color, capsize=3, alpha=0.8, label=variant)
         for p in pts:
-            ax.annotate(f"{sweep}={p['sweep']}", (p["x"], p["y"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(f"{sweep}={p['sweep']}", (p["x"], p["y"]), fontsize=7, color=color,  # stacked per variant:
+                        xytext=(4, 4 + 9 * k), textcoords="offset points")  # points of one sweep value often coincide
     ax.axhline(0, color="black", linewidth=0.6)
     ax.axvline(0, color="black", linewidth=0.6)
     ax.set_xlabel(f"\u0394 {metric} vs SFT (95% interval over training seeds)")
