@@ -1,4 +1,4 @@
-"""Stage interpreter (always runs, ~0.3 s): data/interpreter.json, the Python version and a digest of the stdlib
+"""Stage interpreter (always runs, ~0.5 s): data/interpreter.json, the Python version and a digest of the stdlib
 files the corpus stage reads. The corpus stage depends on it, so another Python reruns the corpus (and then only
 the stages its changed outputs feed); the same Python leaves the file, and so every stage, as it was."""
 from pathlib import Path
