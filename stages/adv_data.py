@@ -7,32 +7,17 @@ import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
-from speedrun.common import pick_device, DTYPE_HELP, use_bf16, write_json, write_parquet
+from speedrun.common import pick_device, use_bf16, write_json, write_parquet
 from speedrun.train.checkpoint import load_model
 from speedrun.train.loop import autocast
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 
-def main(
-    cycle: str = typer.Option(..., help="cycle id (the key in adversarial.cycles)"),
-    init_dir: Path = typer.Option(Path("outs/pretrain"), help="policy i-1: the generator of this cycle"),
-    corpus_dir: Path = typer.Option(Path("data/corpus"), help="train.parquet / val.parquet"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    seq_len: int = typer.Option(param_default("adversarial.seq_len"), help="N: tokens per window"),
-    train_rows: int = typer.Option(param_default("adversarial.data.train_rows"),
-                                   help="train windows (K uniform in [0, N])"),
-    val_rows: int = typer.Option(param_default("adversarial.data.val_rows"), help="val windows (K uniform in [0, N])"),
-    val_pure_rows: int = typer.Option(param_default("adversarial.data.val_pure_rows"),
-                                      help="extra val windows, half pure natural, half pure generated (AUC)"),
-    batch_size: int = typer.Option(param_default("adversarial.data.batch_size"), help="rows per engine call"),
-    temperature: float = typer.Option(param_default("adversarial.temperature"),
-                                      help="sampling temperature of the generated tokens"),
-    seed: int = typer.Option(param_default("seed"),
-                             help="seed of windows, K and sampling (hashed with cycle and split)"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
-    out_dir: Path = typer.Option(Path("data/adv/cycle_1"), help="train.parquet, val.parquet, stats.json"),
-) -> None:
+# cycle 1's dirs: dvc.yaml fills them per cycle
+@stage_flags(init_dir=Path("outs/pretrain"), out_dir=Path("data/adv/cycle_1"))
+def main(cycle: str, init_dir: Path, corpus_dir: Path, tokenizer_dir: Path, seq_len: int, train_rows: int,
+         val_rows: int, val_pure_rows: int, batch_size: int, temperature: float, seed: int, device: str, dtype: str,
+         out_dir: Path) -> None:
     t0 = time.perf_counter()
     device = pick_device(device)
     tok = tokenizer_lib.load(tokenizer_dir)

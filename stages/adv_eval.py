@@ -18,34 +18,16 @@ from speedrun.eval.diversity import distinct_n
 from speedrun.reward.discriminator import load_discriminator
 from speedrun.train import data
 from speedrun.train.checkpoint import load_model
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 app = typer.Typer(add_completion=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def main(
-    ctx: typer.Context,
-    adv_dir: Path = typer.Option(Path("outs/adv"), help="cycle_<i>/disc and cycle_<i>/policy of every cycle"),
-    corpus_dir: Path = typer.Option(Path("data/corpus"), help="val.parquet: held-out prefixes and bpb text"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    seq_len: int = typer.Option(param_default("adversarial.seq_len"), help="N: prefix + completion tokens"),
-    prompts: int = typer.Option(param_default("adversarial.eval.prompts"),
-                                help="held-out prefixes (val split) completed by every policy"),
-    temperature: float = typer.Option(param_default("adversarial.temperature"), help="sampling temperature"),
-    bpb_seq_len: int = typer.Option(param_default("model.seq_len"), help="window length of the val bits-per-byte"),
-    bpb_windows: int = typer.Option(param_default("adversarial.eval.bpb_windows"),
-                                    help="val windows of the bits-per-byte (the first ones, as pretrain)"),
-    bpb_bound: float = typer.Option(param_default("adversarial.eval.bpb_bound"),
-                                    help="allowed val bpb increase per cycle (the KL anchor's job)"),
-    beta: float = typer.Option(param_default("beta"), help="the cycles' KL coefficient (reported only)"),
-    samples_shown: int = typer.Option(2, help="sample completions per policy in the markdown"),
-    seed: int = typer.Option(param_default("seed"), help="seed of the prefixes and the sampling"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    metrics: Path = typer.Option(Path("reports/metrics/adversarial.json"), help="metrics JSON"),
-    out_md: Path = typer.Option(Path("reports/adversarial.md"), help="markdown section"),
-    fig_dir: Path = typer.Option(Path("reports/figures"), help="adv_*.png"),
-) -> None:
+@stage_flags()
+def main(ctx: typer.Context, adv_dir: Path, corpus_dir: Path, tokenizer_dir: Path, seq_len: int, prompts: int,
+         temperature: float, bpb_seq_len: int, bpb_windows: int, bpb_bound: float, beta: float, samples_shown: int,
+         seed: int, device: str, metrics: Path, out_md: Path, fig_dir: Path) -> None:
     """Extra arguments: the cycles, --<cycle>.prev <int> --<cycle>.init <policy dir> per cycle."""
     cycles = ev.parse_cycles(ctx.args)
     if not cycles:

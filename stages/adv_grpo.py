@@ -9,49 +9,22 @@ import typer
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
 from speedrun.adversarial.reward import grpo_reward_fn
-from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, write_json, write_text
+from speedrun.common import pick_device, use_bf16, seed_everything, write_json, write_text
 from speedrun.reward.discriminator import load_discriminator
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes
 
 
-def main(
-    cycle: str = typer.Option(..., help="cycle id (the key in adversarial.cycles)"),
-    init_dir: Path = typer.Option(Path("outs/pretrain"), help="policy i-1: the starting point and the KL reference"),
-    disc_dir: Path = typer.Option(Path("outs/adv/cycle_1/disc"), help="this cycle's discriminator (frozen)"),
-    corpus_dir: Path = typer.Option(Path("data/corpus"), help="train.parquet: natural prefixes"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    seq_len: int = typer.Option(param_default("adversarial.seq_len"),
-                                help="N: prefix + completion tokens, as in the discriminator's data"),
-    prompts: int = typer.Option(param_default("adversarial.grpo.prompts"),
-                                help="prompt pool: natural prefixes of random length in [1, N/2]"),
-    steps: int = typer.Option(param_default("adversarial.grpo.steps"), help="GRPO steps (at most)"),
-    prompts_per_step: int = typer.Option(param_default("adversarial.grpo.prompts_per_step"), help="prompts per step"),
-    group_size: int = typer.Option(param_default("adversarial.grpo.group_size"), help="completions per prompt"),
-    lr: float = typer.Option(param_default("adversarial.grpo.lr"), help="AdamW learning rate"),
-    beta: float = typer.Option(param_default("beta"), help="k3 KL coefficient to policy i-1"),
-    clip_eps: float = typer.Option(param_default("adversarial.grpo.clip_eps"), help="PPO ratio clip"),
-    inner_updates: int = typer.Option(1, help="optimizer passes per batch of samples"),
-    warmup_steps: int = typer.Option(param_default("adversarial.grpo.warmup_steps"), help="linear lr warmup steps"),
-    temperature: float = typer.Option(param_default("adversarial.temperature"),
-                                      help="sampling temperature (same as adv_data's)"),
-    reward: str = typer.Option(param_default("adversarial.grpo.reward"),
-                               help="prob: mean P(natural) of the completion | logit: mean log D/(1-D)"),
-    reward_threshold: float = typer.Option(param_default("adversarial.grpo.reward_threshold"),
-                                           help="stop when a step's mean P(natural) reaches this"),
-    patience: int = typer.Option(param_default("adversarial.grpo.patience"),
-                                 help="steps without the reward's moving average improving before stopping"),
-    min_delta: float = typer.Option(param_default("adversarial.grpo.min_delta"),
-                                    help="improvement of the moving average that resets patience"),
-    seed: int = typer.Option(param_default("seed"), help="seed of prompts and sampling"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
-    out_dir: Path = typer.Option(Path("outs/adv/cycle_1/policy"), help="model.pt, meta.json, log.csv, metrics.json"),
-) -> None:
+@stage_flags(init_dir=Path("outs/pretrain"), disc_dir=Path("outs/adv/cycle_1/disc"),
+             out_dir=Path("outs/adv/cycle_1/policy"))  # cycle 1's: dvc.yaml fills them per cycle
+def main(cycle: str, init_dir: Path, disc_dir: Path, corpus_dir: Path, tokenizer_dir: Path, seq_len: int,
+         prompts: int, steps: int, prompts_per_step: int, group_size: int, lr: float, beta: float, clip_eps: float,
+         inner_updates: int, warmup_steps: int, temperature: float, reward: str, reward_threshold: float,
+         patience: int, min_delta: float, seed: int, device: str, dtype: str, out_dir: Path) -> None:
     device = pick_device(device)
     tok = tokenizer_lib.load(tokenizer_dir)
     win = adv.corpus_windows(pd.read_parquet(corpus_dir / "train.parquet")["text"].tolist(), tok, seq_len)

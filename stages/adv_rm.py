@@ -6,34 +6,17 @@ from pathlib import Path
 import typer
 
 from speedrun.adversarial.train_disc import DiscRecipe, train_discriminator
-from speedrun.common import pick_device, DTYPE_HELP, use_bf16
+from speedrun.common import pick_device, use_bf16
 from speedrun.train.loop import TrainConfig
-from speedrun.params import param_default, from_options
+from speedrun.params import from_options
+from speedrun.cli import stage_flags
 
 
-def main(
-    cycle: str = typer.Option(..., help="cycle id (the key in adversarial.cycles)"),
-    init_dir: Path = typer.Option(Path("outs/pretrain"), help="policy i-1: the trunk is initialised from it"),
-    data_dir: Path = typer.Option(Path("data/adv/cycle_1"), help="adv_data output: train/val.parquet, stats.json"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    head: str = typer.Option(param_default("adversarial.rm.head"),
-                             help="token (per-token BCE, mean estimates K/N) | pooled (last token, 2-way)"),
-    train_last_blocks: int = typer.Option(param_default("adversarial.rm.train_last_blocks"),
-                                          help="trunk blocks trained with the head (0 = frozen trunk)"),
-    steps: int = typer.Option(param_default("adversarial.rm.steps"), help="optimizer steps (at most)"),
-    batch_size: int = typer.Option(param_default("adversarial.rm.batch_size"), help="sequences per step"),
-    lr: float = typer.Option(param_default("adversarial.rm.lr"), help="peak AdamW learning rate"),
-    warmup_steps: int = typer.Option(param_default("adversarial.rm.warmup_steps"), help="linear warmup steps"),
-    eval_every: int = typer.Option(param_default("adversarial.rm.eval_every"), help="steps between val evaluations"),
-    patience: int = typer.Option(param_default("adversarial.rm.patience"),
-                                 help="evals without val-loss improvement before stopping (0 = off)"),
-    min_delta: float = typer.Option(param_default("adversarial.rm.min_delta"),
-                                    help="improvement in val loss that resets patience"),
-    seed: int = typer.Option(param_default("seed"), help="seed of head init and batch order"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
-    out_dir: Path = typer.Option(Path("outs/adv/cycle_1/disc"), help="model.pt, meta.json, log/eval.csv, metrics.json"),
-) -> None:
+@stage_flags(init_dir=Path("outs/pretrain"), data_dir=Path("data/adv/cycle_1"),
+             out_dir=Path("outs/adv/cycle_1/disc"))  # cycle 1's: dvc.yaml fills them per cycle
+def main(cycle: str, init_dir: Path, data_dir: Path, tokenizer_dir: Path, head: str, train_last_blocks: int,
+         steps: int, batch_size: int, lr: float, warmup_steps: int, eval_every: int, patience: int, min_delta: float,
+         seed: int, device: str, dtype: str, out_dir: Path) -> None:
     t0 = time.perf_counter()
     device = pick_device(device)
     cfg = from_options(TrainConfig, locals(), bf16=use_bf16(dtype, device), monitor="val_loss")

@@ -1,31 +1,25 @@
 """Stage corpus: build data/corpus/{train,val}.parquet, objects.parquet (the stdlib object table every embedded
-source reads: the only stage that reads the interpreter's files) and stats.json."""
+source reads: the only stage that reads the interpreter's files) and stats.json; keeps the interpreter pin
+(data/interpreter.json, speedrun.data.stdlib) true to the stdlib it read."""
 from pathlib import Path
 import typer
 
-from speedrun.common import write_json, write_parquet
+from speedrun.common import read_json, write_json, write_parquet
 from speedrun.data import corpus
 from speedrun.data.docstrings import collect, objects_frame, objects_stats
-from speedrun.params import param_default
+from speedrun.data.stdlib import pin_interpreter
+from speedrun.cli import stage_flags
 
 
-def main(
-    source: str = typer.Option(param_default("corpus.source"),
-                               help="embedded (stdlib docstrings + pydoc topics) or hf"),
-    val_frac: float = typer.Option(param_default("corpus.val_frac"),
-                                   help="fraction of split units (modules / docs) sent to val"),
-    hf_path: str = typer.Option(param_default("corpus.hf_path"),
-                                help="hub id, local dir in hub layout, or a .parquet/.jsonl file"),
-    hf_name: str = typer.Option(param_default("corpus.hf_name"),
-                                help="dataset config name, e.g. sample-10BT ('' = none)"),
-    hf_split: str = typer.Option(param_default("corpus.hf_split"), help="split to stream"),
-    text_column: str = typer.Option(param_default("corpus.text_column"), help="column holding the document text"),
-    max_docs: int = typer.Option(param_default("corpus.max_docs"),
-                                 help="documents to read at most (hf: rows streamed; embedded: first N objects)"),
-    out_dir: Path = typer.Option(Path("data/corpus"), help="output directory"),
-) -> None:
+@stage_flags()
+def main(source: str, val_frac: float, hf_path: str, hf_name: str, hf_split: str, text_column: str, max_docs: int,
+         interpreter: Path, out_dir: Path) -> None:
     if source not in ("embedded", "hf"):
         raise typer.BadParameter(f"--source must be embedded or hf, not {source!r}")
+    old_pin = pin_interpreter(interpreter)
+    if old_pin is not None:
+        print(f"corpus: {interpreter} pinned {old_pin or 'nothing'}; this run reads another stdlib, so it now pins "
+              f"{read_json(interpreter)} (commit it with dvc.lock)")
     objects, file_skips = collect()  # the embedded SFT and pair sources need them whatever the corpus source
     if source == "embedded":
         docs = corpus.embedded_docs(objects, val_frac, max_docs)

@@ -7,20 +7,11 @@ import typer
 
 from speedrun.common import write_json, write_parquet, write_table, write_text
 from speedrun.data import prompts
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 
-def main(
-    pairs: Path = typer.Option(Path("data/pairs/pairs.parquet"), help="pairs from download_pairs"),
-    eval_frac: float = typer.Option(param_default("prompts.eval_frac"),
-        help="fraction of prompts held out for the diversity eval (stable hash of prompt_id); "
-             "never used in RM or GRPO training"),
-    near_dup_threshold: float = typer.Option(param_default("prompts.near_dup_threshold"),
-        help="word-shingle Jaccard at or above which prompts merge into the earliest (by prompt_id)"),
-    shingle_size: int = typer.Option(param_default("prompts.shingle_size"),
-                                     help="words per shingle for near-duplicate detection"),
-    out_dir: Path = typer.Option(Path("data/prompts"), help="output directory"),
-) -> None:
+@stage_flags()
+def main(pairs: Path, eval_frac: float, near_dup_threshold: float, shingle_size: int, out_dir: Path) -> None:
     if not 0.0 <= eval_frac < 1.0 or not 0.0 < near_dup_threshold <= 1.0 or shingle_size < 1:
         raise typer.BadParameter("need 0 <= --eval-frac < 1, 0 < --near-dup-threshold <= 1, --shingle-size >= 1")
     try:

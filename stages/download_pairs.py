@@ -11,35 +11,13 @@ import typer
 from speedrun.common import write_json
 from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se, pairs_uf
 from speedrun.data.docstrings import load_objects
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 
-def main(
-    only: Optional[str] = typer.Option(param_default("pairs.only"),
-                                       help="read just these sources, comma-separated: hh, uf, se, embedded"),
-    no_hh: bool = typer.Option(False, "--no-hh", help="skip Anthropic/hh-rlhf"),
-    no_uf: bool = typer.Option(False, "--no-uf", help="skip HuggingFaceH4/ultrafeedback_binarized"),
-    no_se: bool = typer.Option(False, "--no-se", help="skip HuggingFaceH4/stack-exchange-preferences"),
-    no_embedded: bool = typer.Option(False, "--no-embedded", help="skip the embedded stdlib-docstring pairs"),
-    limit_per_source: int = typer.Option(param_default("pairs.limit_per_source"),
-        help="rows read per source, taken in turn from each of its splits (0 = all); streamed"),
-    hh_path: str = typer.Option(pairs_hh.HUB_ID, help="hub id or a local dir mirroring the hub layout"),
-    uf_path: str = typer.Option(pairs_uf.HUB_ID, help="hub id or a local dir mirroring the hub layout"),
-    se_path: str = typer.Option(pairs_se.HUB_ID, help="hub id or a local dir mirroring the hub layout"),
-    se_data_dir: Optional[str] = typer.Option(
-        None, help="one stack exchange site, e.g. data/apple.stackexchange.com (default: all)"),
-    se_max_pairs_per_question: int = typer.Option(param_default("pairs.se_max_pairs_per_question"),
-        help="answer pairs kept per stack exchange question, widest pm_score gap first"),
-    embedded_hard_frac: float = typer.Option(param_default("pairs.embedded_hard_frac"),
-        help="fraction of embedded pairs whose negative comes from the same module"),
-    embedded_negatives: int = typer.Option(param_default("pairs.embedded_negatives"),
-        help="embedded pairs per object: its question and answer against this many distinct negatives"),
-    val_frac: float = typer.Option(param_default("corpus.val_frac"),
-        help="embedded pairs: the corpus val fraction, recorded in `split` (train/val)"),
-    objects: Path = typer.Option(Path("data/corpus/objects.parquet"), help="the corpus stage's object table "
-                                                                           "(embedded pairs)"),
-    out_dir: Path = typer.Option(Path("data/pairs"), help="output directory"),
-) -> None:
+@stage_flags(hh_path=pairs_hh.HUB_ID, uf_path=pairs_uf.HUB_ID, se_path=pairs_se.HUB_ID)
+def main(only: Optional[str], no_hh: bool, no_uf: bool, no_se: bool, no_embedded: bool, limit_per_source: int,
+         hh_path: str, uf_path: str, se_path: str, se_data_dir: Optional[str], se_max_pairs_per_question: int,
+         embedded_hard_frac: float, embedded_negatives: int, val_frac: float, objects: Path, out_dir: Path) -> None:
     disabled = {"hh": no_hh, "uf": no_uf, "se": no_se, "embedded": no_embedded}
     wanted = [s.strip() for s in only.split(",")] if only else list(pairs.SOURCES)
     for s in wanted:

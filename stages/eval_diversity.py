@@ -15,7 +15,7 @@ from speedrun.eval.sampling import run_name, sample_models
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 def rm_summary(rm_dir: Path) -> str:
     """The RM's held-out accuracy, flagged when it is constant or near chance: then GRPO had little to follow."""
@@ -35,39 +35,12 @@ def rm_summary(rm_dir: Path) -> str:
     return line
 
 
-def main(
-    prompts: Path = typer.Option(Path("data/prompts/prompts.parquet"), help="prompts; the 'eval' split is used"),
-    pairs: Path = typer.Option(Path("data/prompts/pairs.parquet"), help="reference answers of the eval prompts "
-                                                                         "(their log-likelihood per model)"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    rm_dir: Path = typer.Option(Path("outs/rm"), help="reward model for the mean reward"),
-    sft_dir: Path = typer.Option(Path("outs/sft"), help="the reference model every run started from"),
-    runs_dir: Path = typer.Option(Path("outs/grpo"), help="GRPO runs, one dir <variant>_s<seed> each"),
-    params: Path = typer.Option(Path("params.yaml"), help="grpo.variants and grpo.seeds: the runs evaluated"),
-    comparisons: str = typer.Option(param_default("eval.comparisons"),
-                                    help="comma list of a:b variant pairs, a - b reported"),
-    primary: str = typer.Option(param_default("eval.primary"), help="comma list: primary outcomes (Holm)"),
-    reward_margin: float = typer.Option(param_default("eval.reward_margin"),
-                                        help="non-inferiority margin of the reward (standardised RM units)"),
-    max_prompts: int = typer.Option(param_default("eval.max_prompts"),
-                                    help="held-out prompts used (the first N by prompt_id; 0 = all)"),
-    max_prompt_len: int = typer.Option(128, help="prompts are cut to their last N tokens"),
-    samples_per_prompt: int = typer.Option(param_default("eval.samples_per_prompt"),
-                                           help="completions per prompt and seed"),
-    seeds: int = typer.Option(param_default("eval.seeds"), help="sampling seeds"),
-    max_new_tokens: int = typer.Option(param_default("eval.max_new_tokens"), help="completion token budget"),
-    temperature: float = typer.Option(param_default("eval.temperature"),
-                                      help="sampling temperature (same for every model)"),
-    top_p: float = typer.Option(param_default("eval.top_p"), help="nucleus mass (same for every model)"),
-    n_boot: int = typer.Option(param_default("eval.n_boot"), help="bootstrap draws for the intervals"),
-    seed: int = typer.Option(param_default("seed"), help="base seed"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    samples_out: Path = typer.Option(Path("outs/eval/samples.parquet"), help="every sampled response"),
-    metrics: Path = typer.Option(Path("reports/metrics/diversity.json"), help="numbers for dvc metrics"),
-    result_out: Path = typer.Option(Path("outs/eval/result.json"), help="the full comparison (intervals, verdicts)"),
-    report: Path = typer.Option(Path("reports/report.md"), help="markdown report"),
-    fig_dir: Path = typer.Option(Path("reports/figures"), help="report figures"),
-) -> None:
+@stage_flags()
+def main(prompts: Path, pairs: Path, tokenizer_dir: Path, rm_dir: Path, sft_dir: Path, runs_dir: Path, params: Path,
+         comparisons: str, primary: str, reward_margin: float, max_prompts: int, max_prompt_len: int,
+         samples_per_prompt: int, seeds: int, max_new_tokens: int, temperature: float, top_p: float, n_boot: int,
+         seed: int, device: str, samples_out: Path, metrics: Path, result_out: Path, report: Path,
+         fig_dir: Path) -> None:
     sampling, seeds_trained = params_lib.grpo_variants(params_lib.load(params), str(params))
     pairs_list = [tuple(c.split(":")) for c in comparisons.split(",") if c]
     for c in pairs_list:

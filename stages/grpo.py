@@ -9,7 +9,7 @@ import typer
 
 from speedrun import params as params_lib
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, DTYPE_HELP, use_bf16, seed_everything, write_json, write_parquet, write_text
+from speedrun.common import pick_device, use_bf16, seed_everything, write_json, write_parquet, write_text
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
@@ -17,49 +17,16 @@ from speedrun.rl.prompts import load_prompts, sampling_weights
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 
-def main(
-    variant: str = typer.Option("density", help="variant name in --params' grpo.variants (its prompt sampling)"),
-    sampling: str = typer.Option("", help="density (∝ kNN distance^alpha) | uniform; empty = the variant's"),
-    params: Path = typer.Option(Path("params.yaml"), help="where the variants are defined"),
-    sft_dir: Path = typer.Option(Path("outs/sft"), help="policy init and frozen reference"),
-    rm_dir: Path = typer.Option(Path("outs/rm"), help="reward model"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    prompts: Path = typer.Option(Path("data/prompts/prompts.parquet"), help="deduplicated prompts (train split used)"),
-    max_prompt_len: int = typer.Option(128, help="prompts are cut to their last N tokens"),
-    steps: int = typer.Option(param_default("grpo.steps"), help="GRPO steps"),
-    prompts_per_step: int = typer.Option(param_default("grpo.prompts_per_step"), help="B: prompts drawn per step"),
-    group_size: int = typer.Option(param_default("grpo.group_size"), help="G: completions sampled per prompt"),
-    max_new_tokens: int = typer.Option(param_default("grpo.max_new_tokens"), help="completion token budget"),
-    temperature: float = typer.Option(param_default("grpo.temperature"),
-                                      help="sampling temperature (the loss uses the same distribution)"),
-    top_k: int = typer.Option(0, help="top-k sampling (0 = off)"),
-    top_p: float = typer.Option(param_default("grpo.top_p"), help="nucleus sampling mass (1 = off)"),
-    lr: float = typer.Option(param_default("grpo.lr"), help="AdamW learning rate"),
-    beta: float = typer.Option(param_default("beta"), help="KL coefficient (k3 estimator) against the SFT reference"),
-    clip_eps: float = typer.Option(param_default("grpo.clip_eps"), help="PPO-style ratio clip"),
-    inner_updates: int = typer.Option(param_default("grpo.inner_updates"),
-                                      help="mu: gradient passes over each sampled batch"),
-    adv_scale: str = typer.Option(param_default("grpo.adv_scale"), help="group | batch | none (Dr. GRPO)"),
-    truncated: str = typer.Option(param_default("grpo.truncated"),
-                                  help="completions that hit --max-new-tokens without the stop token: "
-                                       "keep (in the loss) | mask (out of the loss; they still count in "
-                                       "their group's advantages)"),
-    density_k: int = typer.Option(param_default("grpo.density_k"), help="neighbours for the density estimate"),
-    density_alpha: float = typer.Option(param_default("grpo.density_alpha"), help="weight ∝ distance^alpha"),
-    density_max_ratio: float = typer.Option(param_default("grpo.density_max_ratio"),
-                                            help="max/min weight ratio after clipping"),
-    density_pooling: str = typer.Option(param_default("grpo.density_pooling"),
-                                        help="prompt embedding: idf-weighted (template tokens shared by "
-                                             "most prompts weigh ~0) or plain mean of the hidden states"),
-    seed: int = typer.Option(1, help="training seed: policy sampling and prompt draws (one run per grpo.seeds)"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
-    out_dir: Path = typer.Option(Path("outs/grpo/density_s1"), help="model.pt, meta.json, log.csv, weights.parquet"),
-    metrics: Path = typer.Option(Path("reports/metrics/grpo/density_s1.json"), help="metrics JSON"),
-) -> None:
+@stage_flags(seed=1, out_dir=Path("outs/grpo/density_s1"),  # run density-1's: dvc.yaml fills them per run
+             metrics=Path("reports/metrics/grpo/density_s1.json"))
+def main(variant: str, sampling: str, params: Path, sft_dir: Path, rm_dir: Path, tokenizer_dir: Path, prompts: Path,
+         max_prompt_len: int, steps: int, prompts_per_step: int, group_size: int, max_new_tokens: int,
+         temperature: float, top_k: int, top_p: float, lr: float, beta: float, clip_eps: float, inner_updates: int,
+         adv_scale: str, truncated: str, density_k: int, density_alpha: float, density_max_ratio: float,
+         density_pooling: str, seed: int, device: str, dtype: str, out_dir: Path, metrics: Path) -> None:
     if not sampling:
         by_variant = params_lib.grpo_variants(params_lib.load(params), str(params))[0]
         if variant not in by_variant:

@@ -10,27 +10,13 @@ from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, write_json, write_table
 from speedrun.reward import onpolicy
 from speedrun.train.checkpoint import load_model
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 
-def main(
-    pairs: Path = typer.Option(Path("data/prompts/pairs.parquet"), help="pairs with prompt_id and split (dedup)"),
-    sft_dir: Path = typer.Option(Path("outs/sft"), help="the model whose samples become rejected answers"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    samples_per_prompt: int = typer.Option(param_default("onpolicy.samples_per_prompt"),
-                                           help="K: sampled answers (pairs) per prompt; 0 = none"),
-    max_new_tokens: int = typer.Option(param_default("onpolicy.max_new_tokens"),
-                                       help="sample token budget (a sample that hits it is kept, truncated)"),
-    temperature: float = typer.Option(param_default("onpolicy.temperature"), help="sampling temperature"),
-    top_p: float = typer.Option(param_default("onpolicy.top_p"), help="nucleus sampling mass (1 = off)"),
-    max_prompt_len: int = typer.Option(param_default("onpolicy.max_prompt_len"),
-                                       help="prompts are cut to their last N tokens for sampling"),
-    batch_prompts: int = typer.Option(param_default("onpolicy.batch_prompts"),
-                                      help="prompts per engine call (K rows each)"),
-    seed: int = typer.Option(param_default("seed"), help="sample j of prompt p draws from the stream (seed, p, j)"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    out_dir: Path = typer.Option(Path("data/onpolicy"), help="pairs.parquet, stats.json"),
-) -> None:
+@stage_flags()
+def main(pairs: Path, sft_dir: Path, tokenizer_dir: Path, samples_per_prompt: int, max_new_tokens: int,
+         temperature: float, top_p: float, max_prompt_len: int, batch_prompts: int, seed: int, device: str,
+         out_dir: Path) -> None:
     if samples_per_prompt < 0 or max_new_tokens < 1 or batch_prompts < 1:
         raise typer.BadParameter("need --samples-per-prompt >= 0, --max-new-tokens >= 1, --batch-prompts >= 1")
     table = pq.read_table(pairs)

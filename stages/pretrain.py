@@ -2,55 +2,25 @@
 from pathlib import Path
 
 import pandas as pd
-import torch
 import typer
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import seed_everything, pick_device, DTYPE_HELP, use_bf16, write_json
+from speedrun.common import seed_everything, pick_device, use_bf16, write_json
 from speedrun.model import GPT, GPTConfig
 from speedrun.train import data, distributed
 from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import TrainConfig, train
 from speedrun.train.outputs import sample_texts, throughput, write_logs
-from speedrun.params import from_options, param_default
+from speedrun.params import from_options
+from speedrun.cli import stage_flags
 
 
-def main(
-    corpus_dir: Path = typer.Option(Path("data/corpus"), help="train.parquet / val.parquet"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="trained tokenizer"),
-    depth: int = typer.Option(param_default("model.depth"),
-                              help="transformer blocks; width = 64 * depth unless --width"),
-    width: int = typer.Option(0, help="model width (0 = 64 * depth)"),
-    head_dim: int = typer.Option(param_default("model.head_dim"), help="attention head dimension"),
-    seq_len: int = typer.Option(param_default("model.seq_len"), help="context length of the training windows"),
-    steps: int = typer.Option(param_default("pretrain.steps"), help="optimizer steps (at most)"),
-    batch_size: int = typer.Option(param_default("pretrain.batch_size"),
-                                   help="windows per optimizer step, all processes together"),
-    micro_batch: int = typer.Option(0, help="windows per forward per process (0 = the whole share)"),
-    lr: float = typer.Option(param_default("pretrain.lr"), help="peak learning rate"),
-    optimizer: str = typer.Option(param_default("pretrain.optimizer"),
-                                  help="adamw, or muon: Muon on the transformer blocks' matrices, "
-                                       "AdamW on embeddings, head and vectors (one lr for both)"),
-    weight_decay: float = typer.Option(0.0, help="weight decay on matrices"),
-    warmup_steps: int = typer.Option(param_default("pretrain.warmup_steps"), help="linear warmup steps"),
-    final_lr_frac: float = typer.Option(0.1, help="lr at the last step as a fraction of the peak"),
-    grad_clip: float = typer.Option(1.0, help="max gradient norm"),
-    eval_every: int = typer.Option(param_default("pretrain.eval_every"), help="steps between val evaluations"),
-    eval_windows: int = typer.Option(param_default("pretrain.eval_windows"), help="val windows per evaluation"),
-    patience: int = typer.Option(param_default("pretrain.patience"),
-                                 help="evals without improvement before stopping (0 = off)"),
-    min_delta: float = typer.Option(param_default("pretrain.min_delta"),
-                                    help="improvement in val bpb that resets patience"),
-    save_every: int = typer.Option(param_default("pretrain.save_every"),
-                                   help="steps between scratch (resume) checkpoints; 0 = off"),
-    scratch_dir: Path = typer.Option(Path("scratch/pretrain"), help="resume state (not a DVC out)"),
-    seed: int = typer.Option(param_default("seed"), help="seed of init and data order"),
-    device: str = typer.Option(param_default("compute.device"), help="auto | cpu | cuda"),
-    dtype: str = typer.Option(param_default("compute.dtype"), help=DTYPE_HELP),
-    nproc: int = typer.Option(param_default("compute.nproc"), help="processes (torchrun) for DDP; 1 = plain python"),
-    out_dir: Path = typer.Option(Path("outs/pretrain"), help="model.pt, meta.json, log.csv, eval.csv"),
-    metrics: Path = typer.Option(Path("reports/metrics/pretrain.json"), help="metrics JSON"),
-) -> None:
+@stage_flags(scratch_dir=Path("scratch/pretrain"))
+def main(corpus_dir: Path, tokenizer_dir: Path, depth: int, width: int, head_dim: int, seq_len: int, steps: int,
+         batch_size: int, micro_batch: int, lr: float, optimizer: str, weight_decay: float, warmup_steps: int,
+         final_lr_frac: float, grad_clip: float, eval_every: int, eval_windows: int, patience: int, min_delta: float,
+         save_every: int, scratch_dir: Path, seed: int, device: str, dtype: str, nproc: int, out_dir: Path,
+         metrics: Path) -> None:
     distributed.maybe_relaunch(nproc, "stages.pretrain")
     d = distributed.setup(pick_device(device))
     tok = tokenizer_lib.load(tokenizer_dir)

@@ -7,17 +7,11 @@ import typer
 
 from speedrun import tokenizer as tok
 from speedrun.common import write_json
-from speedrun.params import param_default
+from speedrun.cli import stage_flags
 
 
-def main(
-    corpus_dir: Path = typer.Option(Path("data/corpus"), help="directory with train.parquet and val.parquet"),
-    vocab_size: int = typer.Option(param_default("tokenizer.vocab_size"),
-                                   help="total vocabulary size, special tokens included"),
-    max_chars: int = typer.Option(50_000_000, help="train on at most this many characters of the train split"),
-    out_dir: Path = typer.Option(Path("outs/tokenizer"), help="where the ranks file and JSON go"),
-    metrics: Path = typer.Option(Path("reports/metrics/tokenizer.json"), help="metrics JSON"),
-) -> None:
+@stage_flags()
+def main(corpus_dir: Path, vocab_size: int, max_chars: int, out_dir: Path, metrics: Path) -> None:
     train_texts = pd.read_parquet(corpus_dir / "train.parquet")["text"].tolist()
     val_texts = pd.read_parquet(corpus_dir / "val.parquet")["text"].tolist()
 

@@ -120,35 +120,29 @@ def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
     stage_sources = {p.name: p.read_text() for p in (pathlib.Path(__file__).parents[1] / "stages").glob("*.py")}
     readers = {n for n, text in stage_sources.items()
                if "import collect" in text or ", collect" in text or "speedrun.data.stdlib" in text}
-    assert readers == {"corpus.py", "interpreter.py"}  # the object table, and the fingerprint of what it read
+    assert readers == {"corpus.py"}  # the object table, and the pin of what it read
 
 
-def test_another_python_reruns_the_corpus(tmp_path):
-    """DVC cannot see the interpreter: the always-running `interpreter` stage writes a fingerprint of the stdlib files
-    the corpus reads, and the corpus stage depends on it. The fingerprint moves with those files' content only."""
-    from speedrun.data.stdlib import interpreter_fingerprint
-    (tmp_path / "json").mkdir()
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "json" / "__init__.py").write_text('"""JSON."""')
-    (tmp_path / "tests" / "test_json.py").write_text("pass")
-    first = interpreter_fingerprint(tmp_path)
+def test_another_python_repins_the_corpus(tmp_path):
+    """DVC cannot see the interpreter: the corpus stage depends on a git-tracked pin of the stdlib files it reads, and
+    rewrites it only when the running Python's differs (then DVC records the new pin). The pin moves with the content
+    of the files read, not with a skipped test suite."""
+    from speedrun.data.stdlib import pin_interpreter
+    lib, pin = tmp_path / "lib", tmp_path / "interpreter.json"
+    (lib / "json").mkdir(parents=True)
+    (lib / "tests").mkdir()
+    (lib / "json" / "__init__.py").write_text('"""JSON."""')
+    (lib / "tests" / "test_json.py").write_text("pass")
+    assert pin_interpreter(pin, lib) == {}  # no pin yet: this one is written
+    first = json.loads(pin.read_text())
     assert first["stdlib_files"] == 1 and first["python"].count(".") == 2
-    (tmp_path / "tests" / "test_json.py").write_text("pass  # a test suite: not read")
-    assert interpreter_fingerprint(tmp_path) == first
-    (tmp_path / "json" / "__init__.py").write_text('"""JSON, another Python."""')
-    assert interpreter_fingerprint(tmp_path)["stdlib_digest"] != first["stdlib_digest"]
+    stamp = pin.stat().st_mtime_ns
+    (lib / "tests" / "test_json.py").write_text("pass  # a test suite: not read")
+    assert pin_interpreter(pin, lib) is None and pin.stat().st_mtime_ns == stamp  # same stdlib: file untouched
+    (lib / "json" / "__init__.py").write_text('"""JSON, another Python."""')
+    assert pin_interpreter(pin, lib) == first
+    assert json.loads(pin.read_text())["stdlib_digest"] != first["stdlib_digest"]
     import pathlib
     stages = yaml.safe_load((pathlib.Path(__file__).parents[1] / "dvc.yaml").read_text())["stages"]
-    assert stages["interpreter"]["always_changed"] is True
     assert "data/interpreter.json" in stages["corpus"]["deps"]
-
-
-def test_a_bad_object_table_names_the_row(tmp_path):
-    from speedrun.data import docstrings
-    df = docstrings.objects_frame(collect()[0][:3])
-    df.loc[1, "docstring"] = None
-    df.to_parquet(tmp_path / "o.parquet")
-    with pytest.raises(ValueError, match="o.parquet row 1"):
-        docstrings.load_objects(tmp_path / "o.parquet")
-    with pytest.raises(FileNotFoundError, match="dvc repro corpus"):
-        docstrings.load_objects(tmp_path / "missing.parquet")
+    assert not any(s.get("always_changed") for s in stages.values())  # a no-op `dvc repro` runs nothing

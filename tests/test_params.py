@@ -1,5 +1,6 @@
-"""One default per knob: every flag dvc.yaml templates from params.yaml defaults to that value, so a stage run by
-hand with no flags trains what `dvc repro` trains; --help still documents every knob."""
+"""One default per knob: every flag dvc.yaml's cmd passes a stage defaults to that value (params.yaml's for a
+`${key}`, the path for an output), so a stage run by hand with no flags does what `dvc repro` does; --help still
+documents every knob. Parsed here independently of speedrun.cli, which derives the defaults."""
 import importlib
 import inspect
 import re
@@ -17,11 +18,14 @@ STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 COMMITTED = params.load(REPO / "params.yaml")
 
 
-def templated_flags(stage: dict) -> tuple[str, dict[str, str]]:
-    """(stage module, {flag: params key}) of a dvc.yaml stage (foreach/matrix items left out: per-run values)."""
-    cmd = stage.get("do", stage)["cmd"]
+def cmd_flags(stage: dict) -> tuple[str, dict[str, list[str]]]:
+    """(stage module, {flag: [values as written]}) of a dvc.yaml stage; per-run values (foreach/matrix) left out."""
+    cmd = " ".join(stage.get("do", stage)["cmd"].split())
     module = re.search(r"python -m stages\.(\w+)", cmd).group(1)
-    flags = {f: k for f, k in re.findall(r"--([\w-]+) \$\{([\w.]+)\}", cmd) if not k.startswith(("item.", "key"))}
+    flags: dict[str, list[str]] = {}
+    for flag, value in re.findall(r"--([\w-]+) ([^-\s]\S*)", cmd):
+        if not re.search(r"\$\{(item|key)\b", value):
+            flags.setdefault(flag, []).append(value)
     return module, flags
 
 
@@ -32,29 +36,37 @@ def committed(key: str):
     return value
 
 
+def as_written(value) -> str:
+    return str(value) if isinstance(value, Path) else value
+
+
 @pytest.mark.parametrize("name", sorted(STAGES))
-def test_flag_defaults_are_the_committed_params(name):
-    module, flags = templated_flags(STAGES[name])
-    assert flags or name == "interpreter", name  # the Python probe is the one stage without knobs
+def test_flag_defaults_are_what_dvc_passes(name):
+    module, flags = cmd_flags(STAGES[name])
+    assert any(v[0].startswith("${") for v in flags.values()), name  # every stage has knobs in params.yaml
     signature = inspect.signature(importlib.import_module(f"stages.{module}").main)
     wrong = []
-    for flag, key in flags.items():
+    for flag, values in flags.items():
         option = signature.parameters[flag.replace("-", "_")].default
-        default = str(option.default) if isinstance(option.default, Path) else option.default
-        if default != committed(key):
-            wrong.append(f"--{flag}: default {default!r}, params.yaml {key} = {committed(key)!r}")
+        default = [as_written(v) for v in option.default] if isinstance(option.default, list) else \
+            [as_written(option.default)]
+        expected = [committed(v[2:-1]) if v.startswith("${") else v for v in values]
+        if default != expected:
+            wrong.append(f"--{flag}: default {default!r}, dvc.yaml passes {expected!r} ({values})")
     assert not wrong, f"stage {name} (stages/{module}.py):\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("module", sorted({templated_flags(s)[0] for s in STAGES.values()}))
-def test_help_documents_every_templated_flag(module):
+@pytest.mark.parametrize("module", sorted({cmd_flags(s)[0] for s in STAGES.values()}))
+def test_help_documents_every_flag(module):
     app = typer.Typer()
     app.command()(importlib.import_module(f"stages.{module}").main)
     out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200", "TERM": "dumb"})
     assert out.exit_code == 0, out.output
-    flags = {f for s in STAGES.values() if templated_flags(s)[0] == module for f in templated_flags(s)[1]}
+    signature = inspect.signature(importlib.import_module(f"stages.{module}").main)
+    flags = {name.replace("_", "-") for name, p in signature.parameters.items() if p.name != "ctx"}
     missing = [f for f in flags if f"--{f}" not in out.output]
     assert not missing, f"stages/{module}.py --help lacks {missing}"
+    assert all(signature.parameters[f.replace("-", "_")].default.help for f in flags)
 
 
 def test_param_default_names_a_missing_key():

@@ -1,9 +1,9 @@
 """params.yaml: the one place every knob's default lives.
 
-Stage flags that dvc.yaml templates from params.yaml take their defaults from it (`param_default`), so
-`python -m stages.<name>` with no flags does what `dvc repro` does with the committed params (tests/test_params.py
-checks every templated flag). Stages that need more of it than flags carry (the GRPO runs: variants x seeds) read
-it with `load` and `grpo_variants`.
+Stage flags that dvc.yaml templates from params.yaml (`--lr ${sft.lr}`) take their defaults from it
+(`param_default`, via speedrun.cli), so `python -m stages.<name>` with no flags does what `dvc repro` does with the
+committed params (tests/test_params.py checks every flag). Stages that need more of it than flags carry (the GRPO
+runs: variants x seeds) read it with `load` and `grpo_variants`.
 """
 from __future__ import annotations
 

@@ -1,16 +1,19 @@
-"""Where the embedded corpus comes from: the interpreter's stdlib files, and a fingerprint of them.
+"""Where the embedded corpus comes from: the interpreter's stdlib files, and the pin that records which ones.
 
-Kept free of torch and pandas imports: the `interpreter` stage runs this on every `dvc repro` (DVC cannot see which
-Python runs a stage, so a stage that always runs writes what the corpus depends on: a different Python changes its
-output, and DVC reruns the corpus stage, then only what the corpus's changed outputs feed)."""
+DVC cannot see which Python runs a stage. The git-tracked pin (data/interpreter.json: version and a digest of the
+stdlib files the corpus reads) is a declared dependency of the corpus stage instead: the outputs always match the pin,
+and the corpus stage, the only reader of the stdlib, compares it with the running interpreter. When they differ it
+records the one it read, so the new pin lands in dvc.lock and git shows it changed; the stages fed by the corpus's
+changed outputs then rerun. After switching Python in a workspace: `dvc repro -f -s corpus && dvc repro`."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import sysconfig
 from pathlib import Path
+
+from speedrun.common import read_json, write_json
 
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "_bundled"}
 
@@ -40,11 +43,12 @@ def interpreter_fingerprint(root: Path | None = None) -> dict[str, str | int]:
             "stdlib_files": len(files), "stdlib_digest": digest.hexdigest()[:16]}
 
 
-def write_fingerprint(path: Path) -> dict[str, str | int]:
-    """Write interpreter_fingerprint() as JSON, atomically (tmp file + rename; common.write_json would import torch)."""
-    fp = interpreter_fingerprint()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(fp, indent=2) + "\n")
-    os.replace(tmp, path)
-    return fp
+def pin_interpreter(path: Path, root: Path | None = None) -> dict[str, str | int] | None:
+    """Compare the pin at `path` with this interpreter's fingerprint; when they differ (or there is no pin) write this
+    one and return the old pin ({} if none), else return None and leave the file's bytes as they are."""
+    fp = interpreter_fingerprint(root)
+    old = read_json(path) if path.is_file() else {}
+    if old == fp:
+        return None
+    write_json(path, fp)
+    return old
