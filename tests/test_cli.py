@@ -67,3 +67,19 @@ def test_a_flag_without_help_or_a_stray_default_is_an_error(pipeline):
     with pytest.raises(KeyError, match=r"defaults for flags it does not have: \['seed'\]"):
         @cli.stage_flags(seed=1)
         def main2(lr: float) -> None: ...
+
+
+def test_flag_defaults_agree_with_the_library_configs():
+    """A knob params.yaml does not hold has its CLI default in FLAGS; where a library config has a field of that name
+    (TrainConfig, GRPOConfig), the two defaults must not drift apart."""
+    import dataclasses
+    from speedrun.rl.trainer import GRPOConfig
+    from speedrun.train.loop import TrainConfig
+    checked = []
+    for config in (TrainConfig, GRPOConfig):
+        for field in dataclasses.fields(config):
+            default = cli.FLAGS.get(field.name, (cli.NONE,))[0]
+            if default is not cli.NONE and field.default is not dataclasses.MISSING:
+                assert default == field.default, (config.__name__, field.name, default, field.default)
+                checked.append(field.name)
+    assert {"weight_decay", "final_lr_frac", "grad_clip", "top_k", "inner_updates"} <= set(checked)
