@@ -264,3 +264,11 @@ def test_any_number_of_variants_and_comparisons(samples, tmp_path):
     md = write_report(small, samples, {}, {}, tmp_path / "report.md", tmp_path / "fig", {})
     assert "**other vs baseline** (3 vs 3 GRPO training seeds)" in md and "## other \u2212 baseline" in md
     assert (tmp_path / "fig" / "forest_other_vs_baseline.png").is_file()
+
+
+def test_forest_leaves_out_the_standardised_reward(result):
+    """A % of a mean near zero means nothing: the RM reward (standardised units) stays in the table, off the forest."""
+    from speedrun.eval.figures import forest_rows
+    rows = forest_rows(result, result["comparisons"][0])
+    labels = [r[0] for r in rows]
+    assert "mean RM reward" not in labels and "EAD-1 *" in labels and "words per response" in labels

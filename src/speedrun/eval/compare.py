@@ -44,6 +44,7 @@ class Metric:
     group: str
     fmt: str = "{:.4f}"
     union: bool = False  # a count of distinct types: its bootstrap draws are rescaled (see the module doc)
+    ratio: bool = True  # has a true zero, so a difference reads as a % of the mean (not the standardised RM reward)
 
 
 METRICS: list[Metric] = [
@@ -61,7 +62,7 @@ METRICS: list[Metric] = [
     Metric("within_self_bleu", "self-BLEU-4 within prompt", "lower", "Within-prompt diversity"),
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
-    Metric("reward", "mean RM reward", "higher", "Reward"),
+    Metric("reward", "mean RM reward", "higher", "Reward", ratio=False),
     Metric("ref_loglik", "log-lik of reference answers (nats/token)", "higher", "Capability"),
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
     Metric("len_chars", "characters per response", "neutral", "Length (control)", "{:.1f}"),

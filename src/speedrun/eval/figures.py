@@ -93,20 +93,27 @@ def plot_logs(logs: dict[str, pd.DataFrame], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_forest(result: dict, comparison: dict, path: Path) -> None:
-    """Per metric: a - b relative to b's mean, each training seed's Δ (a's run i - b's run i) as a dot and the
-    pooled 95% interval as a bar, coloured by verdict."""
-    a, b = comparison["a"], comparison["b"]
+def forest_rows(result: dict, comparison: dict) -> list[tuple[str, np.ndarray, list[float], str]]:
+    """(label, [Δ, CI low, CI high] and each training seed's Δ as % of b's mean, verdict) per metric with a true zero
+    (a % of the standardised RM reward's mean, which sits near 0, means nothing: the report's table has it)."""
     rows = []
     for name in result["metrics"]:
         base = float(np.mean([result["values"][r][name] for r in comparison["runs_b"]]))
-        if base == 0:
+        if base == 0 or not METRIC_BY_NAME[name].ratio:
             continue
         d = comparison["delta"][name]
         dots = [100 * per[name] / abs(base) for per in comparison["per_seed"].values()]
         label = METRIC_BY_NAME[name].label + (" *" if d["role"] == "primary" else "")
         rows.append((label, 100 * np.array([d["value"], d["ci_low"], d["ci_high"]]) / abs(base), dots, d["verdict"]))
-    fig = Figure(figsize=(7, 0.35 * len(rows) + 1.4))
+    return rows
+
+
+def plot_forest(result: dict, comparison: dict, path: Path) -> None:
+    """Per metric: a - b relative to b's mean, each training seed's Δ (a's run i - b's run i) as a dot and the
+    pooled 95% interval as a bar, coloured by verdict."""
+    a, b = comparison["a"], comparison["b"]
+    rows = forest_rows(result, comparison)
+    fig = Figure(figsize=(7, 0.35 * len(rows) + 2.0))
     ax = fig.add_subplot(1, 1, 1)
     for i, (label, (v, lo, hi), dots, ver) in enumerate(rows):
         y = len(rows) - 1 - i
@@ -115,9 +122,9 @@ def plot_forest(result: dict, comparison: dict, path: Path) -> None:
         ax.plot(dots, [y] * len(dots), "o", color="black", markersize=3)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)], fontsize=8)
-    ax.set_xlabel(f"{a} − {b}, % of {b}'s mean: dots = per training seed, bar = pooled 95% interval")
-    ax.set_title("* primary (Holm). green: better, red: worse, grey: n.s., blue: no verdict (control or 1 run)",
-                 fontsize=8)
+    ax.set_xlabel(f"{a} − {b}, % of {b}'s mean\ndots = per training seed, bar = pooled 95% interval", fontsize=8)
+    ax.set_title("* primary (Holm). green: better, red: worse, grey: n.s., blue: no verdict\n(control or 1 run). "
+                 "Mean RM reward (standardised, mean near 0):\nin the report's table, not as a %", fontsize=8)
     fig.tight_layout()
     _save(fig, path)
 
