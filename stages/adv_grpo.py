@@ -15,6 +15,7 @@ from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.cli import stage_flags
+from speedrun.params import from_options
 
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes
 
@@ -38,10 +39,8 @@ def main(cycle: str, init_dir: Path, disc_dir: Path, corpus_dir: Path, tokenizer
         raise ValueError(f"{disc_dir} was trained on {disc_meta['seq_len']}-token windows, not --seq-len {seq_len}")
     # the threshold is a P(natural); with logit rewards compare the mean log-odds to its log-odds
     threshold = reward_threshold if reward == "prob" else math.log(reward_threshold / (1 - reward_threshold))
-    cfg = GRPOConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size,
-                     max_new_tokens=seq_len - 1, temperature=temperature, lr=lr, beta=beta, clip_eps=clip_eps,
-                     inner_updates=inner_updates, warmup_steps=warmup_steps, seed=seed, bf16=use_bf16(dtype, device),
-                     reward_threshold=threshold, patience=patience, min_delta=min_delta)
+    cfg = from_options(GRPOConfig, locals(), max_new_tokens=seq_len - 1, bf16=use_bf16(dtype, device),
+                       reward_threshold=threshold)
     draw = lambda step, g: torch.randperm(len(pool), generator=g)[:prompts_per_step]  # noqa: E731
     print(f"adv_grpo@{cycle}: policy {init_dir} vs discriminator {disc_dir} ({disc_meta['head']} head), "
           f"{len(pool)} prompts, reward {reward}, beta {beta}")

@@ -18,6 +18,7 @@ from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import GRPOConfig, grpo_train
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.cli import stage_flags
+from speedrun.params import from_options
 
 
 @stage_flags(seed=1, out_dir=Path("outs/grpo/density_s1"),  # run density-1's: dvc.yaml fills them per run
@@ -52,10 +53,7 @@ def main(variant: str, sampling: str, params: Path, sft_dir: Path, rm_dir: Path,
         draws[idx] += 1
         return idx
 
-    cfg = GRPOConfig(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size,
-                     max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, lr=lr,
-                     beta=beta, clip_eps=clip_eps, inner_updates=inner_updates, adv_scale=adv_scale, seed=seed,
-                     bf16=use_bf16(dtype, dev), mask_truncated=truncated == "mask")
+    cfg = from_options(GRPOConfig, locals(), bf16=use_bf16(dtype, dev), mask_truncated=truncated == "mask")
     ess = effective_sample_size(weights)
     print(f"grpo {variant} seed {seed} ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} ({ess / len(ids):.1%}), "
           f"{dev} in {'bf16' if cfg.bf16 else 'fp32'}")

@@ -22,10 +22,8 @@ import typer
 import yaml
 
 from speedrun.common import DTYPE_HELP
-from speedrun.params import param_default
+from speedrun.params import param_default, repo_file
 
-DVC_YAML = Path("dvc.yaml")
-REPO_DVC_YAML = Path(__file__).resolve().parents[2] / "dvc.yaml"  # the checkout's own, for runs from elsewhere
 NONE = object()  # FLAGS default of a knob that only dvc.yaml or its stage can give (else the flag is required)
 PER_RUN = re.compile(r"\$\{(item|key)\b")  # a foreach/matrix value: no single default
 
@@ -181,7 +179,7 @@ def _stage_cmds(path: str) -> dict[str, str]:
 def cmd_values(module: str) -> dict[str, Any]:
     """{parameter: value} of the flags dvc.yaml's cmd passes stages.<module>: `${key}` read from params.yaml, a
     repeated flag as a list, a flag without a value as True; per-run values (${item...}, ${key}) left out."""
-    cmds = _stage_cmds(str(DVC_YAML if DVC_YAML.is_file() else REPO_DVC_YAML))
+    cmds = _stage_cmds(str(repo_file("dvc.yaml")))
     if module not in cmds:
         raise KeyError(f"dvc.yaml: no stage runs `python -m stages.{module}`")
     values: dict[str, Any] = {}

@@ -178,7 +178,8 @@ class PrefixCache(KVCache):
         new = PrefixCache(self.config, rows.numel(), self.max_len, self.valid.device)
         new.pos, new.padded = self.pos, self.padded
         new.valid, new.lengths = self.valid[rows], self.lengths[rows]
-        new.layer_kv = [None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows)) for kv in self.layer_kv]
+        new.layer_kv = [None if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
+                        for kv in self.layer_kv]
         return new
 
 

@@ -15,7 +15,13 @@ from typing import Any, TypeVar
 import yaml
 
 PARAMS = Path("params.yaml")
-REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"  # the checkout's own, for runs from elsewhere
+
+
+def repo_file(name: str) -> Path:
+    """`name` in the working directory (the repository root, where DVC runs the stages), else the checkout's own
+    (for runs from elsewhere)."""
+    here = Path(name)
+    return here if here.is_file() else Path(__file__).resolve().parents[2] / name
 
 
 def load(path: Path = PARAMS) -> dict[str, Any]:
@@ -33,7 +39,7 @@ def _defaults(path: str) -> dict[str, Any]:
 def param_default(key: str) -> Any:
     """The value of a dotted params.yaml key (e.g. "rm.steps"): params.yaml of the working directory (the
     repository root, where DVC runs the stages), else the checkout's own."""
-    value: Any = _defaults(str(PARAMS if PARAMS.is_file() else REPO_PARAMS))
+    value: Any = _defaults(str(repo_file(str(PARAMS))))
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
             raise KeyError(f"params.yaml has no {key!r} (a stage's flag default names it)")
