@@ -11,19 +11,21 @@ and the share of each step spent sampling+scoring. For scale (issue 5): HF TRL's
 6.3M-param model, 8 completions x 64 tokens per step, ran ~700 completion tokens/s on this machine.
 """
 import os
+from dataclasses import replace
 import time
 from pathlib import Path
 
 import torch
 import typer
 
+from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, use_bf16
 from speedrun.model import GPT, GPTConfig
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
-from speedrun.rl.trainer import GRPOConfig, grpo_train
+from speedrun.rl.trainer import grpo_train
 from speedrun.train.checkpoint import load_model
 
 
@@ -59,8 +61,9 @@ def main(
         torch.nn.init.normal_(rm.head.weight, std=0.02)  # a non-constant reward, so advantages are not all zero
         prompts = [torch.randint(1, vocab, (prompt_len // 2 + i % (prompt_len // 2 + 1),),
                                  generator=torch.Generator().manual_seed(i)).tolist() for i in range(64)]
-    cfg = GRPOConfig(steps=steps + 1, prompts_per_step=prompts_per_step, group_size=group_size,
-                     max_new_tokens=max_new_tokens, seed=0, bf16=use_bf16(dtype, device))
+    cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
+                  group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
+                  bf16=use_bf16(dtype, device))
     print(f"{'trained outs/sft + outs/rm, stop token' if trained else 'random init, no stop token'}: GPT depth "
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s); "

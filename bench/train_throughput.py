@@ -13,7 +13,10 @@ import torch
 import yaml
 
 from speedrun.model import GPT, GPTConfig
-from speedrun.train.loop import TrainConfig, autocast, make_optimizer
+from dataclasses import replace
+
+from speedrun.params import load as load_params
+from speedrun.train.loop import autocast, make_optimizer
 
 
 def matmul_peak(dtype: torch.dtype, device: str, n: int = 1024, reps: int = 20) -> float:
@@ -38,7 +41,7 @@ def step_throughput(cfg: GPTConfig, batch: int, steps: int, bf16: bool, compile:
                     optimizer: str = "adamw") -> float:
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
-    opt = make_optimizer(model, TrainConfig(steps=steps, optimizer=optimizer))
+    opt = make_optimizer(model, replace(load_params().pretrain, steps=steps, optimizer=optimizer))
     fwd = torch.compile(model) if compile else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=device)
 

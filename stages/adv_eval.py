@@ -1,13 +1,7 @@
 """Stage adv_eval: every cycle's discriminator and policy on held-out text -> adversarial.json + a report section.
-
-The cycles come from DVC's unpacking of `${adversarial.cycles}` into `--1.prev 0 --1.init outs/pretrain ...`
-(extra arguments after the flags), so the stage reads exactly the cycles of params.yaml, not stale dirs.
-"""
-from pathlib import Path
-
+It reads exactly the cycles of params.yaml (adversarial.cycles), not whatever cycle dirs outs/adv holds."""
 import pandas as pd
 import torch
-import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
@@ -18,28 +12,29 @@ from speedrun.eval.diversity import distinct_n
 from speedrun.reward.discriminator import load_discriminator
 from speedrun.train import data
 from speedrun.train.checkpoint import load_model
-from speedrun.cli import stage_flags
+from speedrun.params import plain
+from speedrun.stage import run_stage
 
-app = typer.Typer(add_completion=False)
+READS = ("seed", "beta", "model.seq_len", "compute.device", "adversarial.cycles", "adversarial.seq_len",
+         "adversarial.temperature", "adversarial.eval")
+PATHS = {"adv_dir": "outs/adv", "corpus_dir": "data/corpus", "tokenizer_dir": "outs/tokenizer",
+         "metrics": "reports/metrics/adversarial.json", "out_md": "reports/adversarial.md",
+         "fig_dir": "reports/figures"}
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@stage_flags()
-def main(ctx: typer.Context, adv_dir: Path, corpus_dir: Path, tokenizer_dir: Path, seq_len: int, prompts: int,
-         temperature: float, bpb_seq_len: int, bpb_windows: int, bpb_bound: float, beta: float, samples_shown: int,
-         seed: int, device: str, metrics: Path, out_md: Path, fig_dir: Path) -> None:
-    """Extra arguments: the cycles, --<cycle>.prev <int> --<cycle>.init <policy dir> per cycle."""
-    cycles = ev.parse_cycles(ctx.args)
-    if not cycles:
-        raise typer.BadParameter("no cycles given: pass --<cycle>.prev <int> --<cycle>.init <dir> per cycle")
-    device = pick_device(device)
-    tok = tokenizer_lib.load(tokenizer_dir)
-    val_texts = pd.read_parquet(corpus_dir / "val.parquet")["text"].tolist()
+def main(p, io) -> None:
+    a, c = p.adversarial, p.adversarial.eval
+    cycles = ev.ordered_cycles(plain(a.cycles))
+    seq_len, temperature, seed = a.seq_len, a.temperature, p.seed
+    adv_dir, samples_shown = io.adv_dir, c.samples_shown
+    device = pick_device(p.compute.device)
+    tok = tokenizer_lib.load(io.tokenizer_dir)
+    val_texts = pd.read_parquet(io.corpus_dir / "val.parquet")["text"].tolist()
     win = adv.corpus_windows(val_texts, tok, seq_len)
-    pool, idx = adv.prompt_pool(win, prompts, seed, "adv_eval")
-    starts = torch.tensor([len(p) - 1 for p in pool])
+    pool, idx = adv.prompt_pool(win, c.prompts, seed, "adv_eval")
+    starts = torch.tensor([len(prefix) - 1 for prefix in pool])
     seqs = {ev.NATURAL: (win[idx, 1:], starts)}  # the true continuations
-    bpb_win = data.windows(data.pack_documents(val_texts, tok), bpb_seq_len)[:bpb_windows]
+    bpb_win = data.windows(data.pack_documents(val_texts, tok), p.model.seq_len)[:c.bpb_windows]
     tbytes = data.token_bytes(tok)
 
     policies, samples = {}, {}
@@ -62,20 +57,20 @@ def main(ctx: typer.Context, adv_dir: Path, corpus_dir: Path, tokenizer_dir: Pat
     for key in cycles:
         disc, _ = load_discriminator(adv_dir / f"cycle_{key}" / "disc", device, tok.digest)
         crossplay[key] = {pid: round(float(score(disc, s, st, "prob").mean()), 5)
-                          for pid, (s, st) in [*((p, seqs[p]) for p in policies), (ev.NATURAL, seqs[ev.NATURAL])]}
+                          for pid, (s, st) in [*((q, seqs[q]) for q in policies), (ev.NATURAL, seqs[ev.NATURAL])]}
         disc_metrics[key] = read_json(adv_dir / f"cycle_{key}" / "disc" / "metrics.json")
         grpo_metrics[key] = read_json(adv_dir / f"cycle_{key}" / "policy" / "metrics.json")
         logs[key] = pd.read_csv(adv_dir / f"cycle_{key}" / "policy" / "log.csv")
-    result = {"setup": {"seq_len": seq_len, "prompts": prompts, "temperature": temperature, "beta": beta,
-                        "bpb_seq_len": bpb_seq_len, "bpb_windows": len(bpb_win), "seed": seed},
-              "bpb_bound": bpb_bound, "policies": policies, "crossplay": crossplay,
-              "cycles": ev.cycle_rows(cycles, disc_metrics, grpo_metrics, crossplay, policies, bpb_bound)}
-    write_json(metrics, result)
-    ev.write_section(result, samples, logs, out_md, fig_dir)
-    for key, c in result["cycles"].items():
-        print(f"adv_eval: cycle {key}: disc AUC {c['disc']['auc_pure']}, held-out reward {c['reward_before']:.3f} -> "
-              f"{c['reward_after']:.3f}, val bpb {c['val_bpb_before']:.4f} -> {c['val_bpb_after']:.4f}")
+    result = {"setup": {"seq_len": seq_len, "prompts": c.prompts, "temperature": temperature, "beta": p.beta,
+                        "bpb_seq_len": p.model.seq_len, "bpb_windows": len(bpb_win), "seed": seed},
+              "bpb_bound": c.bpb_bound, "policies": policies, "crossplay": crossplay,
+              "cycles": ev.cycle_rows(cycles, disc_metrics, grpo_metrics, crossplay, policies, c.bpb_bound)}
+    write_json(io.metrics, result)
+    ev.write_section(result, samples, logs, io.out_md, io.fig_dir)
+    for key, row in result["cycles"].items():
+        print(f"adv_eval: cycle {key}: disc AUC {row['disc']['auc_pure']}, held-out reward {row['reward_before']:.3f} "
+              f"-> {row['reward_after']:.3f}, val bpb {row['val_bpb_before']:.4f} -> {row['val_bpb_after']:.4f}")
 
 
 if __name__ == "__main__":
-    app()
+    run_stage(main, __doc__, READS, PATHS)

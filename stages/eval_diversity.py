@@ -4,9 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import typer
 
-from speedrun import params as params_lib
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, read_json, write_json, write_parquet
 from speedrun.eval.compare import evaluate, flat_metrics
@@ -15,7 +13,14 @@ from speedrun.eval.sampling import run_name, sample_models
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
-from speedrun.cli import stage_flags
+from speedrun.stage import run_stage
+
+READS = ("seed", "compute.device", "eval", "grpo.variants", "grpo.seeds")
+PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
+         "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
+         "samples_out": "outs/eval/samples.parquet", "result_out": "outs/eval/result.json",
+         "metrics": "reports/metrics/diversity.json", "report": "reports/report.md", "fig_dir": "reports/figures"}
+
 
 def rm_summary(rm_dir: Path) -> str:
     """The RM's held-out accuracy, flagged when it is constant or near chance: then GRPO had little to follow."""
@@ -35,46 +40,44 @@ def rm_summary(rm_dir: Path) -> str:
     return line
 
 
-@stage_flags()
-def main(prompts: Path, pairs: Path, tokenizer_dir: Path, rm_dir: Path, sft_dir: Path, runs_dir: Path, params: Path,
-         comparisons: str, primary: str, reward_margin: float, max_prompts: int, max_prompt_len: int,
-         samples_per_prompt: int, seeds: int, max_new_tokens: int, temperature: float, top_p: float, n_boot: int,
-         seed: int, device: str, samples_out: Path, metrics: Path, result_out: Path, report: Path,
-         fig_dir: Path) -> None:
-    sampling, seeds_trained = params_lib.grpo_variants(params_lib.load(params), str(params))
-    pairs_list = [tuple(c.split(":")) for c in comparisons.split(",") if c]
-    for c in pairs_list:
-        if len(c) != 2 or any(v not in sampling for v in c):
-            raise typer.BadParameter(f"--comparisons: {':'.join(c)!r} is not a:b of variants {sorted(sampling)}")
-    dev = pick_device(device)
-    tok = tokenizer_lib.load(tokenizer_dir)
-    df, ids = load_prompts(prompts, tok, "eval", max_prompt_len)
-    order = df.sort_values("prompt_id").index[: max_prompts or None]
+def main(p, io) -> None:
+    c = p.eval
+    sampling = {name: v.sampling for name, v in p.grpo.variants.items()}
+    seeds_trained = p.grpo.seeds
+    pairs_list = [tuple(x.split(":")) for x in c.comparisons.split(",") if x]
+    for x in pairs_list:
+        if len(x) != 2 or any(v not in sampling for v in x):
+            raise SystemExit(f"error: params.yaml: eval.comparisons: {':'.join(x)!r} is not a:b of variants "
+                             f"{sorted(sampling)}")
+    dev = pick_device(p.compute.device)
+    tok = tokenizer_lib.load(io.tokenizer_dir)
+    df, ids = load_prompts(io.prompts, tok, "eval", c.max_prompt_len)
+    order = df.sort_values("prompt_id").index[: c.max_prompts or None]
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
-    rm = RewardModel.load(rm_dir, dev, tok.digest)
-    models = {"sft": sft_dir} | {run_name(v, s): runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
-    samples = sample_models(models, tok, rm, df, ids, pairs, seeds, samples_per_prompt, max_new_tokens, temperature,
-                            top_p, seed, dev)
-    write_parquet(samples_out, samples)
+    rm = RewardModel.load(io.rm_dir, dev, tok.digest)
+    models = {"sft": io.sft_dir} | {run_name(v, s): io.runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
+    samples = sample_models(models, tok, rm, df, ids, io.pairs, c.seeds, c.samples_per_prompt, c.max_new_tokens,
+                            c.temperature, c.top_p, p.seed, dev)
+    write_parquet(io.samples_out, samples)
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
-    result = evaluate(samples, variants, pairs_list, reference="sft", primary=[p for p in primary.split(",") if p],
-                      reward_margin=reward_margin, n_boot=n_boot, seed=seed)
-    write_json(result_out, result)
-    write_json(metrics, flat_metrics(result))
+    result = evaluate(samples, variants, pairs_list, reference="sft", primary=[x for x in c.primary.split(",") if x],
+                      reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed)
+    write_json(io.result_out, result)
+    write_json(io.metrics, flat_metrics(result))
     logs, weights = {}, {}
     for v in sampling:
         for s in seeds_trained:
-            logs[run_name(v, s)] = pd.read_csv(runs_dir / f"{v}_s{s}" / "log.csv")
-        w = pd.read_parquet(runs_dir / f"{v}_s{seeds_trained[0]}" / "weights.parquet")  # same for every seed
+            logs[run_name(v, s)] = pd.read_csv(io.runs_dir / f"{v}_s{s}" / "log.csv")
+        w = pd.read_parquet(io.runs_dir / f"{v}_s{seeds_trained[0]}" / "weights.parquet")  # same for every seed
         weights[v] = group_shares(torch.tensor(w["weight"].to_numpy()), w["group"].tolist())
-    setup = {"models": {k: str(v) for k, v in models.items()}, "eval prompts": len(df), "seeds": seeds,
-             "samples per prompt": samples_per_prompt,
-             "sampler": f"temperature {temperature}, top-p {top_p}, max {max_new_tokens} new tokens",
-             "bootstrap draws": n_boot, "reward model": rm_summary(rm_dir)}
+    setup = {"models": {k: str(v) for k, v in models.items()}, "eval prompts": len(df), "seeds": c.seeds,
+             "samples per prompt": c.samples_per_prompt,
+             "sampler": f"temperature {c.temperature}, top-p {c.top_p}, max {c.max_new_tokens} new tokens",
+             "bootstrap draws": c.n_boot, "reward model": rm_summary(io.rm_dir)}
     extra = ["## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
-    md = write_report(result, samples, logs, weights, report, fig_dir, setup, extra_sections=extra)
+    md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra)
     print("eval: " + "\n".join(line for line in md.splitlines()[2:2 + len(pairs_list)]))
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run_stage(main, __doc__, READS, PATHS)

@@ -1,41 +1,41 @@
 """Stage tokenizer: train a byte-level BPE on the corpus train split, report chars/token on val."""
 import time
-from pathlib import Path
 
 import pandas as pd
-import typer
 
 from speedrun import tokenizer as tok
 from speedrun.common import write_json
-from speedrun.cli import stage_flags
+from speedrun.stage import run_stage
+
+READS = ("tokenizer",)
+PATHS = {"corpus_dir": "data/corpus", "out_dir": "outs/tokenizer", "metrics": "reports/metrics/tokenizer.json"}
 
 
-@stage_flags()
-def main(corpus_dir: Path, vocab_size: int, max_chars: int, out_dir: Path, metrics: Path) -> None:
-    train_texts = pd.read_parquet(corpus_dir / "train.parquet")["text"].tolist()
-    val_texts = pd.read_parquet(corpus_dir / "val.parquet")["text"].tolist()
+def main(p, io) -> None:
+    train_texts = pd.read_parquet(io.corpus_dir / "train.parquet")["text"].tolist()
+    val_texts = pd.read_parquet(io.corpus_dir / "val.parquet")["text"].tolist()
 
     def capped():
         n = 0
         for t in train_texts:
-            if n >= max_chars:
+            if n >= p.tokenizer.max_chars:
                 return
             n += len(t)
             yield t
 
     t0 = time.perf_counter()
-    enc = tok.train(capped(), vocab_size)
+    enc = tok.train(capped(), p.tokenizer.vocab_size)
     seconds = time.perf_counter() - t0
-    tok.save(enc, out_dir)
-    t = tok.load(out_dir)
+    tok.save(enc, io.out_dir)
+    t = tok.load(io.out_dir)
     n_tokens = sum(len(ids) for ids in t.encode_batch(val_texts))
     n_chars = sum(len(s) for s in val_texts)
     m = {"vocab_size": t.vocab_size, "val_chars_per_token": round(n_chars / max(n_tokens, 1), 4),
          "train_seconds": round(seconds, 2)}
-    write_json(metrics, m)
+    write_json(io.metrics, m)
     print(f"tokenizer: vocab {m['vocab_size']}, {m['val_chars_per_token']:.2f} chars/token on val, "
           f"trained in {seconds:.1f}s")
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run_stage(main, __doc__, READS, PATHS)

@@ -1,30 +1,26 @@
 """Stage train_rm: the preference reward model (SFT trunk + scalar head, Bradley-Terry loss) -> outs/rm/.
 The recipe (what it trains on, how it validates, what it reports) is speedrun.reward.train_rm."""
-from pathlib import Path
+import dataclasses
 
-import typer
-
-from speedrun.common import pick_device, use_bf16
-from speedrun.reward.train_rm import RMRecipe, train_reward_model
+from speedrun.common import files_digest, pick_device, use_bf16
+from speedrun.reward.train_rm import train_reward_model
+from speedrun.stage import run_stage
 from speedrun.train import distributed
-from speedrun.train.loop import TrainConfig
-from speedrun.params import from_options
-from speedrun.cli import stage_flags
+
+READS = ("seed", "compute", "rm")
+PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"], "init_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer", "scratch_dir": "scratch/rm", "out_dir": "outs/rm",
+         "metrics": "reports/metrics/rm.json"}
 
 
-@stage_flags(micro_tokens=4096, scratch_dir=Path("scratch/rm"))
-def main(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, pool: str, train_kinds: str, train_last_blocks: int,
-         max_len: int, steps: int, batch_size: int, micro_batch: int, micro_tokens: int, lr: float,
-         weight_decay: float, warmup_steps: int, final_lr_frac: float, grad_clip: float, eval_every: int,
-         eval_pairs: int, patience: int, min_delta: float, save_every: int, scratch_dir: Path, seed: int, device: str,
-         dtype: str, nproc: int, out_dir: Path, metrics: Path) -> None:
-    distributed.maybe_relaunch(nproc, "stages.train_rm")
-    d = distributed.setup(pick_device(device))
-    cfg = from_options(TrainConfig, locals(), bf16=use_bf16(dtype, d.device), monitor="val_loss")
-    train_reward_model(pairs, init_dir, tokenizer_dir, from_options(RMRecipe, locals()), cfg, d, scratch_dir, out_dir,
-                       metrics)
+def main(p, io) -> None:
+    distributed.maybe_relaunch(p.compute.nproc, "stages.train_rm")
+    d = distributed.setup(pick_device(p.compute.device))
+    cfg = dataclasses.replace(p.rm, bf16=use_bf16(p.compute.dtype, d.device), monitor="val_loss")
+    inputs = files_digest(*io.pairs, io.init_dir / "model.pt", io.tokenizer_dir)
+    train_reward_model(io.pairs, io.init_dir, io.tokenizer_dir, cfg, p.seed, d, io.scratch_dir, io.out_dir, io.metrics,
+                       fingerprint=f"rm|{p.digest()}|{inputs}")
     distributed.teardown()
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run_stage(main, __doc__, READS, PATHS)

@@ -22,6 +22,19 @@ def set_params(repo: Path, overrides: dict) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def committed(section: str, **changes):
+    """The committed params.yaml's config of `section` (e.g. "pretrain", "adversarial.grpo"), some fields changed:
+    a test states only what it varies."""
+    import dataclasses
+    from speedrun import params
+    return dataclasses.replace(params.value_at(params.load(REPO / "params.yaml"), section), **changes)
+
+
+def train_config(**changes):
+    """A TrainConfig for library tests: the committed pretrain schedule, no early stopping, no scratch saves."""
+    return committed("pretrain", **{"warmup_steps": 10, "patience": 0, "min_delta": 0.0, "save_every": 0, **changes})
+
+
 def make_pipeline_repo(dest: Path, overrides: dict) -> Path:
     """A fresh git+DVC repo holding the project's files (tracked + untracked, not ignored)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
@@ -78,6 +91,19 @@ def objects_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("objects") / "objects.parquet"
     write_parquet(path, objects_frame(collect()[0]))
     return path
+
+
+def sets(*assignments: str) -> list[str]:
+    """-S key=value for each assignment: a stage's params overrides on its command line."""
+    return [a for s in assignments for a in ("-S", s)]
+
+
+def call_stage(module: str, *argv: str) -> None:
+    """Run stages.<module> in this process, as its command line would (argv: ids, paths, -S overrides)."""
+    import importlib
+    from speedrun.stage import run_stage
+    mod = importlib.import_module(f"stages.{module}")
+    run_stage(mod.main, mod.__doc__, mod.READS, mod.PATHS, argv=[str(a) for a in argv])
 
 
 def run_module(module: str, *args: str, cwd: Path = REPO, timeout: int = 300) -> str:

@@ -1,8 +1,10 @@
 """The adversarial cycle: mixed windows, the discriminator, the self-supervised reward, the stages."""
+import json
+
 import pandas as pd
 import pytest
 import torch
-from conftest import run_module
+from conftest import committed, run_module, train_config
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
@@ -12,11 +14,11 @@ from speedrun.common import read_json, write_parquet
 from speedrun.model import GPT, GPTConfig
 from speedrun.reward.discriminator import (Discriminator, completion_reward, k_fraction, load_discriminator, metrics,
                                            save_discriminator, switch_points)
-from speedrun.rl.trainer import GRPOConfig, grpo_train
+from speedrun.rl.trainer import grpo_train
 from speedrun.train.checkpoint import save_model
 from speedrun.train.data import StepSampler
 from speedrun.train.distributed import Dist
-from speedrun.train.loop import TrainConfig, train
+from speedrun.train.loop import train
 
 torch.set_num_threads(1)
 N = 32
@@ -88,14 +90,11 @@ def test_switch_points_reward_and_auc_by_hand():
     assert m["auc_pure"] == 1.0 and m["switch_error_tokens"] == 0.0 and m["n_pure_generated"] == 1
 
 
-def test_parse_cycles_from_dvc_unpacking():
-    args = ["--2.prev", "1", "--2.init", "outs/adv/cycle_1/policy", "--10.prev", "2", "--10.init", "x",
-            "--1.prev", "0", "--1.init", "outs/pretrain"]
-    cycles = ev.parse_cycles(args)
-    assert list(cycles) == ["1", "2", "10"] and cycles["2"] == {"prev": "1", "init": "outs/adv/cycle_1/policy"}
+def test_cycles_in_numeric_order():
+    cycles = ev.ordered_cycles({"2": {"prev": 1, "init": "outs/adv/cycle_1/policy"}, "10": {"prev": 2, "init": "x"},
+                                "1": {"prev": 0, "init": "outs/pretrain"}})
+    assert list(cycles) == ["1", "2", "10"] and cycles["2"] == {"prev": 1, "init": "outs/adv/cycle_1/policy"}
     assert list(ev.policy_dirs(cycles, "outs/adv")) == ["0", "1", "2", "10"]
-    with pytest.raises(ValueError):
-        ev.parse_cycles(["--1.prev", "0"])
 
 
 def shuffle_tails(tokens: torch.Tensor, starts: torch.Tensor, seed: int) -> torch.Tensor:
@@ -120,7 +119,7 @@ def trained_disc(split_windows):
     cached = disc.prefix(x_tr)  # frozen trunk: its activations once, as adv_rm does
     sampler = StepSampler(len(x_tr), 32, 0, 0, "toy")
     batch_fn = lambda step, rank, world: [(cached[i], y_tr[i]) for i in sampler.items(step, rank, world)]  # noqa: E731
-    train(disc, TrainConfig(steps=400, lr=3e-3, warmup_steps=10, eval_every=400), batch_fn,
+    train(disc, train_config(steps=400, lr=3e-3, warmup_steps=10, eval_every=400), batch_fn,
           lambda m: {"val_loss": 0.0}, Dist(0, 1, "cpu"), loss_fn=lambda m, x, y: m.loss_sum(m.from_prefix(x), y),
           log_every=1000)
     return disc.eval(), x_va, k_va
@@ -152,7 +151,8 @@ def test_grpo_reward_cuts_completions_at_n_tokens(split_windows):
     policy, ref = tiny_gpt(tok.vocab_size, 1), tiny_gpt(tok.vocab_size, 1)
     disc = Discriminator(tiny_gpt(tok.vocab_size, 1), "token").eval()
     prompts, _ = adv.prompt_pool(wins["train"], 8, 0, "grpo")
-    cfg = GRPOConfig(steps=2, prompts_per_step=2, group_size=3, max_new_tokens=N - 1, lr=1e-3)
+    cfg = committed("adversarial.grpo", steps=2, prompts_per_step=2, group_size=3, max_new_tokens=N - 1, lr=1e-3,
+                    beta=0.04, warmup_steps=5, reward_threshold=float("inf"), patience=0)
     result = grpo_train(policy, ref, prompts, lambda step, g: torch.arange(2) + 2 * step, grpo_reward_fn(disc, N),
                         cfg, "cpu", stop_id=None, pad_id=tok.bos_id)
     for step, row in enumerate(result.log):
@@ -165,22 +165,25 @@ def test_stages_end_to_end_and_deterministic(tiny_corpus, tmp_path):
     policy = tiny_gpt(tok.vocab_size, 1)
     save_model(tmp_path / "p0", policy.state_dict(), policy.config, {"tokenizer": tok.digest})
     common = ["--corpus-dir", str(tiny_corpus / "corpus"), "--tokenizer-dir", str(tiny_corpus / "tokenizer"),
-              "--seq-len", str(N), "--device", "cpu"]
+              "-S", f"adversarial.seq_len={N}", "-S", "compute.device=cpu",
+              "-S", "adversarial.cycles=" + json.dumps({"1": {"prev": 0, "init": str(tmp_path / "p0")}})]
     for out in ("a", "b"):
-        run_module("stages.adv_data", "--cycle", "1", "--init-dir", str(tmp_path / "p0"), "--train-rows", "64",
-                   "--val-rows", "32", "--val-pure-rows", "8", "--out-dir", str(tmp_path / out), *common)
+        run_module("stages.adv_data", "--cycle", "1", "-S", "adversarial.data.train_rows=64",
+                   "-S", "adversarial.data.val_rows=32", "-S", "adversarial.data.val_pure_rows=8",
+                   "--out-dir", str(tmp_path / out), *common)
     for f in ("train.parquet", "val.parquet", "stats.json"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
     adv_dir = tmp_path / "adv" / "cycle_1"
-    run_module("stages.adv_rm", "--cycle", "1", "--init-dir", str(tmp_path / "p0"), "--data-dir", str(tmp_path / "a"),
-               "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "--steps", "20", "--eval-every", "10",
-               "--device", "cpu", "--out-dir", str(adv_dir / "disc"))
-    run_module("stages.adv_grpo", "--cycle", "1", "--init-dir", str(tmp_path / "p0"), "--disc-dir",
-               str(adv_dir / "disc"), "--prompts", "16", "--steps", "2", "--prompts-per-step", "2",
-               "--group-size", "2", "--out-dir", str(adv_dir / "policy"), *common)
-    run_module("stages.adv_eval", "--adv-dir", str(tmp_path / "adv"), "--prompts", "8", "--bpb-seq-len", str(N),
-               "--bpb-windows", "8", "--metrics", str(tmp_path / "adv.json"), "--out-md", str(tmp_path / "adv.md"),
-               "--fig-dir", str(tmp_path / "figures"), *common, "--1.prev", "0", "--1.init", str(tmp_path / "p0"))
+    run_module("stages.adv_rm", "--cycle", "1", "--data-dir", str(tmp_path / "a"),
+               "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "-S", "adversarial.rm.steps=20",
+               "-S", "adversarial.rm.eval_every=10", "--out-dir", str(adv_dir / "disc"), *common[4:])
+    run_module("stages.adv_grpo", "--cycle", "1", "--disc-dir", str(adv_dir / "disc"),
+               "-S", "adversarial.grpo.prompts=16", "-S", "adversarial.grpo.steps=2",
+               "-S", "adversarial.grpo.prompts_per_step=2", "-S", "adversarial.grpo.group_size=2",
+               "--out-dir", str(adv_dir / "policy"), *common)
+    run_module("stages.adv_eval", "--adv-dir", str(tmp_path / "adv"), "-S", "adversarial.eval.prompts=8",
+               "-S", f"model.seq_len={N}", "-S", "adversarial.eval.bpb_windows=8", "--metrics", str(tmp_path / "adv.json"),
+               "--out-md", str(tmp_path / "adv.md"), "--fig-dir", str(tmp_path / "figures"), *common)
     result = read_json(tmp_path / "adv.json")
     c = result["cycles"]["1"]
     assert set(result["policies"]) == {"0", "1"} and set(result["crossplay"]["1"]) == {"0", "1", "natural"}

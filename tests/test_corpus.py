@@ -4,19 +4,13 @@ import pandas as pd
 import yaml
 import pytest
 
+from conftest import call_stage
 from speedrun.data import corpus
 from speedrun.data.docstrings import collect, split_of
 
 
 def run_stage(tmp_path, *args):
-    from typer.testing import CliRunner
-    import typer
-    from stages.corpus import main
-
-    app = typer.Typer()
-    app.command()(main)
-    res = CliRunner().invoke(app, [*args, "--out-dir", str(tmp_path / "corpus")])
-    assert res.exit_code == 0, res.output + repr(res.exception)
+    call_stage("corpus", *args, "--interpreter", tmp_path / "interpreter.json", "--out-dir", tmp_path / "corpus")
     out = tmp_path / "corpus"
     return (pd.read_parquet(out / "train.parquet"), pd.read_parquet(out / "val.parquet"),
             json.loads((out / "stats.json").read_text()))
@@ -52,8 +46,8 @@ def test_build_counts_every_document():
 
 
 def test_embedded_stage_is_deterministic(tmp_path):
-    a = run_stage(tmp_path / "a", "--max-docs", "400")
-    b = run_stage(tmp_path / "b", "--max-docs", "400")
+    a = run_stage(tmp_path / "a", "-S", "corpus.max_docs=400")
+    b = run_stage(tmp_path / "b", "-S", "corpus.max_docs=400")
     for name in ["train.parquet", "val.parquet", "stats.json"]:
         assert (tmp_path / "a/corpus" / name).read_bytes() == (tmp_path / "b/corpus" / name).read_bytes()
     train, val, stats = a
@@ -74,8 +68,8 @@ def test_hf_source_on_local_mirror(tmp_path, fmt):
     else:
         path = tmp_path / "docs.jsonl"
         rows.to_json(path, orient="records", lines=True)
-    train, val, stats = run_stage(tmp_path, "--source", "hf", "--hf-path", str(path), "--hf-name", "", "--max-docs", "8",
-                                  "--val-frac", "0.0")
+    train, val, stats = run_stage(tmp_path, "-S", "corpus.source=hf", "-S", f"corpus.hf_path={path}",
+                                  "-S", "corpus.hf_name=''", "-S", "corpus.max_docs=8", "-S", "corpus.val_frac=0.0")
     assert stats["docs_in"] == 8 and stats["kept"] == 4
     assert stats["skipped"] == {"duplicate": 1, "empty": 2, "missing": 1}
     assert "Never read" not in " ".join(train["text"])
@@ -92,7 +86,7 @@ def test_hf_missing_column_names_file_and_row(tmp_path):
 def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
     """The corpus stage writes the object table and what it read; SFT and pair data come from that table
     alone: with the interpreter's stdlib unreadable they still build."""
-    _, _, stats = run_stage(tmp_path, "--max-docs", "50")
+    _, _, stats = run_stage(tmp_path, "-S", "corpus.max_docs=50")
     objects_file = tmp_path / "corpus" / "objects.parquet"
     read = stats["read"]
     assert read["python"].count(".") == 2 and read["objects"] > 3000 and len(read["objects_digest"]) == 16
@@ -106,14 +100,8 @@ def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
     sft.embedded_qa.cache_clear()
     convs = sft.embedded_conversations(objects_file, 0.1, seed=0, per_object=1)
     assert len(convs["train"]) > 1000
-    from typer.testing import CliRunner
-    import typer
-    from stages.download_pairs import main
-    app = typer.Typer()
-    app.command()(main)
-    res = CliRunner().invoke(app, ["--only", "embedded", "--limit-per-source", "100", "--objects", str(objects_file),
-                                   "--out-dir", str(tmp_path / "pairs")])
-    assert res.exit_code == 0, res.output + repr(res.exception)
+    call_stage("download_pairs", "-S", "pairs.only=embedded", "-S", "pairs.limit_per_source=100", "--objects",
+               objects_file, "--out-dir", tmp_path / "pairs")
     assert 90 <= len(pd.read_parquet(tmp_path / "pairs" / "pairs.parquet")) <= 100  # 100 rows read, some skipped
     sft.embedded_qa.cache_clear()
     import pathlib

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import REPO, run_module
+from conftest import REPO, run_module, sets, train_config
 from speedrun.reward import onpolicy
 from speedrun.reward import preference as pref
 from test_reward import rm_args, rm_inputs  # noqa: F401  (module fixture: real pairs + a tiny init checkpoint)
@@ -18,8 +18,8 @@ from test_reward import rm_args, rm_inputs  # noqa: F401  (module fixture: real 
 
 def onpolicy_args(tiny_corpus, root, out, *extra):
     return ["--pairs", str(root / "pairs.parquet"), "--sft-dir", str(root / "sft"), "--tokenizer-dir",
-            str(tiny_corpus / "tokenizer"), "--samples-per-prompt", "2", "--max-new-tokens", "8",
-            "--batch-prompts", "16", "--out-dir", str(out), *extra]
+            str(tiny_corpus / "tokenizer"), *sets("onpolicy.samples_per_prompt=2", "onpolicy.max_new_tokens=8",
+                                                "onpolicy.batch_prompts=16"), "--out-dir", str(out), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_stage_schema_ids_and_byte_identical_rerun(tiny_corpus, rm_inputs, onpol
 
     # K = 0: an empty file of the same schema, so train_rm still has its input
     run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, root, tmp_path / "none"),
-               "--samples-per-prompt", "0")
+               "-S", "onpolicy.samples_per_prompt=0")
     assert pq.read_schema(tmp_path / "none/pairs.parquet") == got
     assert pq.read_metadata(tmp_path / "none/pairs.parquet").num_rows == 0
 
@@ -65,7 +65,7 @@ def test_a_prompts_samples_depend_on_its_id_only(tiny_corpus, rm_inputs):  # noq
     from speedrun.train.checkpoint import load_model
 
     root, tok = rm_inputs
-    refs = onpolicy.reference_answers(pq.read_table(root / "pairs.parquet").to_pylist())
+    refs = onpolicy.reference_answers(pq.read_table(root / "pairs.parquet").to_pylist(), "pairs.parquet")
     model, _ = load_model(root / "sft", "cpu", tok.digest)
     sample = lambda rs: {r["id"]: list(r["rejected_ids"]) for r in onpolicy.sample_rejected(  # noqa: E731
         model, tok, rs, 2, 6, 1.0, 1.0, 7, 1, 64)[0]}
@@ -89,16 +89,16 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
     with pytest.raises(ValueError, match="appears twice"):
         pref.load_pairs(tmp_path / "on/pairs.parquet", tmp_path / "on/pairs.parquet")
 
-    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "rm"), "--pairs",
-               str(tmp_path / "on/pairs.parquet"))
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "rm",
+                                           more_pairs=[tmp_path / "on/pairs.parquet"]))
     m = json.loads((tmp_path / "rm/rm.json").read_text())
     assert set(m["by_kind"]) == {"all", "hard", "random", onpolicy.KIND}
     assert m["train_pairs"] > len(both[(both["split"] == "train") & (both["negative"] != onpolicy.KIND)])
     assert m["best_step"] > 0 and m["reward_std"] > 0 and m["train_pairs_left_out"] == {}
 
     # trained on the on-policy kind alone: the other kinds are left out of training (counted), still scored
-    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only"), "--pairs",
-               str(tmp_path / "on/pairs.parquet"), "--train-kinds", onpolicy.KIND)
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only", "-S", f"rm.train_kinds={onpolicy.KIND}",
+                                           more_pairs=[tmp_path / "on/pairs.parquet"]))
     only = json.loads((tmp_path / "only/rm.json").read_text())
     train = both[both["split"] == "train"]
     assert only["train_pairs"] == (train["negative"] == onpolicy.KIND).sum()
@@ -106,15 +106,14 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
                                             if k != onpolicy.KIND}
     assert set(only["by_kind"]) == set(m["by_kind"]) and only["val_pairs"] == m["val_pairs"]
     proc = subprocess.run([sys.executable, "-m", "stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "none"),
-                           "--train-kinds", "uf"], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1"))
+                           "-S", "rm.train_kinds=uf"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "no usable 'train' and 'eval' pairs of kinds 'uf'" in proc.stderr
 
 
 def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
     from speedrun.model import GPT, GPTConfig
     from speedrun.train.distributed import Dist
-    from speedrun.train.loop import TrainConfig, train
+    from speedrun.train.loop import train
 
     model = GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8))
     batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]
@@ -125,7 +124,7 @@ def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
         snapshots[len(snapshots)] = {k: v.clone() for k, v in m.state_dict().items()}
         return {"val_loss": next(losses)}
 
-    res = train(model, TrainConfig(steps=4, eval_every=1, min_delta=0.002, patience=3), batch, eval_fn,
+    res = train(model, train_config(steps=4, eval_every=1, min_delta=0.002, patience=3), batch, eval_fn,
                 Dist(0, 1, "cpu"))
     # patience (min_delta) stopped it after three evals without a 0.002 gain; the best is still step 3's 0.6915
     assert res.stopped_early and res.steps_done == 3 and res.best_eval == {"step": 3, "val_loss": 0.6915}
@@ -133,7 +132,7 @@ def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
 
     # an untrained step 0 is never the result, even when every trained eval is worse
     worse = iter([0.5, 0.7, 0.6])
-    res = train(GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8)), TrainConfig(steps=2, eval_every=1),
+    res = train(GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8)), train_config(steps=2, eval_every=1),
                 batch, lambda m: {"val_loss": next(worse)}, Dist(0, 1, "cpu"))
     assert res.best_eval["step"] == 2
 
@@ -150,11 +149,11 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
     save_model(tmp_path / "rm0", rm.state_dict(), rm.config, {"tokenizer": tok.digest, "reward_mean": 0.0,
                                                                "reward_std": 0.0, "max_len": 64})
     run_module("stages.dedup_prompts", "--pairs", str(root / "raw.parquet"), "--out-dir", str(tmp_path / "p"))
-    proc = subprocess.run([sys.executable, "-m", "stages.grpo", "--sft-dir", str(root / "sft"), "--rm-dir",
-                           str(tmp_path / "rm0"), "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "--prompts",
-                           str(tmp_path / "p/prompts.parquet"), "--steps", "1", "--out-dir", str(tmp_path / "g"),
-                           "--metrics", str(tmp_path / "g.json")], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1"))
+    proc = subprocess.run([sys.executable, "-m", "stages.grpo", "--variant", "density", "--seed", "1", "--sft-dir",
+                           str(root / "sft"), "--rm-dir", str(tmp_path / "rm0"), "--tokenizer-dir",
+                           str(tiny_corpus / "tokenizer"), "--prompts", str(tmp_path / "p/prompts.parquet"),
+                           "-S", "grpo.train.steps=1", "--out-dir", str(tmp_path / "g"),
+                           "--metrics", str(tmp_path / "g.json")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and str(tmp_path / "rm0") in proc.stderr
     assert not (tmp_path / "g").exists()
     # the adversarial discriminator: an untrained (zero) output layer is refused the same way
@@ -164,9 +163,9 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
     save_discriminator(tmp_path / "disc0", disc, {"tokenizer": tok.digest})
     proc = subprocess.run([sys.executable, "-m", "stages.adv_grpo", "--cycle", "1", "--init-dir", str(root / "sft"),
                            "--disc-dir", str(tmp_path / "disc0"), "--corpus-dir", str(tiny_corpus / "corpus"),
-                           "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "--seq-len", "16", "--steps", "1",
-                           "--out-dir", str(tmp_path / "adv")], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1"))
+                           "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "-S", "adversarial.seq_len=16",
+                           "-S", "adversarial.grpo.steps=1", "--out-dir", str(tmp_path / "adv")], cwd=REPO,
+                          capture_output=True, text=True)
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and "disc0" in proc.stderr
     with pytest.raises(ValueError, match="rewards have std 0.0"):
         require_reward_signal(torch.ones(3), 0.0, "rm")

@@ -6,27 +6,26 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-import typer
-from typer.testing import CliRunner
 
 import mirrors
 from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se
 from speedrun.data.docstrings import collect
 from speedrun.data.questions import answer, questions
-from stages.download_pairs import main
+import subprocess
+import sys
+
+from conftest import REPO, call_stage, sets
 
 COLUMNS = ["id", "src", "split", "prompt", "chosen", "rejected", "group", "negative", "attribution"]
 
 
 def run(out, *args, ok=True):
-    app = typer.Typer()
-    app.command()(main)
-    res = CliRunner().invoke(app, [*args, "--out-dir", str(out)])
     if ok:
-        assert res.exit_code == 0, res.output + repr(res.exception)
+        call_stage("download_pairs", *args, "--out-dir", out)
         return pq.read_table(out / "pairs.parquet").to_pylist(), json.loads((out / "stats.json").read_text())
-    assert res.exit_code != 0
-    return res
+    with pytest.raises((SystemExit, Exception)) as e:
+        call_stage("download_pairs", *args, "--out-dir", out)
+    return e.value
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +37,8 @@ def hub(tmp_path_factory):
 
 
 def hub_args(root, *extra):
-    return ["--only", "", "--no-embedded", "--hh-path", str(root / "hh"), "--uf-path", str(root / "uf"),
-            "--se-path", str(root / "se"), "--se-max-pairs-per-question", "3", *extra]
+    return [*sets("pairs.only=hh,uf,se", f"pairs.hh_path={root / 'hh'}", f"pairs.uf_path={root / 'uf'}",
+                  f"pairs.se_path={root / 'se'}", "pairs.se_max_pairs_per_question=3"), *extra]
 
 
 def test_mirrors_kept_and_skipped_counts(hub, tmp_path):
@@ -87,7 +86,7 @@ def test_rerun_is_byte_identical_and_ids_ignore_row_order(hub, tmp_path):
 
 def test_limit_per_source_reads_every_split_in_turn(hub, tmp_path):
     root, _ = hub
-    _, stats = run(tmp_path / "out", *hub_args(root, "--limit-per-source", "4"))
+    _, stats = run(tmp_path / "out", *hub_args(root, "-S", "pairs.limit_per_source=4"))
     for src in ("hh", "uf", "se"):
         assert stats["sources"][src]["rows_read"] == 4
     assert stats["sources"]["hh"]["splits"] == {"test": 2, "train": 2}  # harmless-base, then helpful-base
@@ -96,22 +95,20 @@ def test_limit_per_source_reads_every_split_in_turn(hub, tmp_path):
 
 def test_source_flags_and_help(hub, tmp_path):
     root, _ = hub
-    got, stats = run(tmp_path / "uf", "--only", "uf", "--uf-path", str(root / "uf"))
+    got, stats = run(tmp_path / "uf", *sets("pairs.only=uf", f"pairs.uf_path={root / 'uf'}"))
     assert set(stats["sources"]) == {"uf"} and {p["src"] for p in got} == {"uf"}
-    _, stats = run(tmp_path / "se", "--only", "", "--no-hh", "--no-uf", "--no-embedded", "--se-path", str(root / "se"),
-                   "--se-data-dir", "data/math.stackexchange.com")
+    _, stats = run(tmp_path / "se", *sets("pairs.only=se", f"pairs.se_path={root / 'se'}",
+                                          "pairs.se_data_dir=data/math.stackexchange.com"))
     assert set(stats["sources"]) == {"se"} and stats["sources"]["se"]["rows_read"] == 2
-    got, stats = run(tmp_path / "two", "--only", "se,uf", "--uf-path", str(root / "uf"), "--se-path", str(root / "se"))
+    got, stats = run(tmp_path / "two", *sets("pairs.only=se,uf", f"pairs.uf_path={root / 'uf'}", f"pairs.se_path={root / 'se'}"))
     assert set(stats["sources"]) == {"uf", "se"} and {p["src"] for p in got} == {"uf", "se"}
-    run(tmp_path / "x", "--only", "uf", "--no-uf", ok=False)
-    run(tmp_path / "x", "--only", "nope", ok=False)
-    run(tmp_path / "x", "--no-hh", "--no-uf", "--no-se", "--no-embedded", ok=False)
-    app = typer.Typer()
-    app.command()(main)
-    help_text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
-    for flag in ("--only", "--no-hh", "--no-uf", "--no-se", "--no-embedded", "--limit-per-source", "--hh-path",
-                 "--uf-path", "--se-path", "--se-max-pairs-per-question", "--se-data-dir", "--out-dir"):
-        assert flag in help_text, flag
+    assert "pairs.only" in str(run(tmp_path / "x", "-S", "pairs.only=nope", ok=False))
+    assert "pairs.only" in str(run(tmp_path / "x", "-S", "pairs.only=''", ok=False))
+    help_text = subprocess.run([sys.executable, "-m", "stages.download_pairs", "--help"], cwd=REPO,
+                               capture_output=True, text=True).stdout
+    for key in ("pairs.only", "pairs.limit_per_source", "pairs.hh_path", "pairs.uf_path", "pairs.se_path",
+                "pairs.se_max_pairs_per_question", "pairs.se_data_dir", "--out-dir"):
+        assert key in help_text, key
 
 
 def test_unparsable_file_fails_naming_it(hub, tmp_path):
@@ -119,8 +116,8 @@ def test_unparsable_file_fails_naming_it(hub, tmp_path):
     shutil.copytree(root / "hh", tmp_path / "hh")
     bad = tmp_path / "hh/helpful-online/test.jsonl.gz"
     bad.write_bytes(b"not gzip at all")
-    res = run(tmp_path / "out", "--only", "hh", "--hh-path", str(tmp_path / "hh"), ok=False)
-    assert str(bad) in str(res.exception)
+    res = run(tmp_path / "out", *sets("pairs.only=hh", f"pairs.hh_path={tmp_path / 'hh'}"), ok=False)
+    assert str(bad) in str(res)
     assert not (tmp_path / "out/pairs.parquet").exists()
 
 

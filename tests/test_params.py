@@ -1,85 +1,111 @@
-"""One default per knob: every flag dvc.yaml's cmd passes a stage defaults to that value (params.yaml's for a
-`${key}`, the path for an output), so a stage run by hand with no flags does what `dvc repro` does; --help still
-documents every knob. Parsed here independently of speedrun.cli, which derives the defaults."""
+"""params.yaml is the one place a knob's value lives: each stage declares the keys it reads (READS), dvc.yaml lists
+exactly those under `params:`, every key of params.yaml is read by some stage, and a bad key or value stops a stage
+before any work, naming the key."""
 import importlib
-import inspect
 import re
-from pathlib import Path
+import subprocess
+import sys
+import time
 
 import pytest
-import typer
 import yaml
-from typer.testing import CliRunner
 
 from conftest import REPO
 from speedrun import params
+from speedrun.config import Params
 
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-COMMITTED = params.load(REPO / "params.yaml")
+# dvc.yaml's templated ids, as the stages name them in READS
+IDS = {"variant": "${item.variant}", "seed": "${item.seed}", "cycle": "${key}"}
 
 
-def cmd_flags(stage: dict) -> tuple[str, dict[str, list[str]]]:
-    """(stage module, {flag: [values as written]}) of a dvc.yaml stage; per-run values (foreach/matrix) left out."""
-    cmd = " ".join(stage.get("do", stage)["cmd"].split())
-    module = re.search(r"python -m stages\.(\w+)", cmd).group(1)
-    flags: dict[str, list[str]] = {}
-    for flag, value in re.findall(r"--([\w-]+) ([^-\s]\S*)", cmd):
-        if not re.search(r"\$\{(item|key)\b", value):
-            flags.setdefault(flag, []).append(value)
-    return module, flags
-
-
-def committed(key: str):
-    value = COMMITTED
-    for part in key.split("."):
-        value = value[part]
-    return value
-
-
-def as_written(value) -> str:
-    return str(value) if isinstance(value, Path) else value
+def module_of(stage: dict) -> str:
+    return re.search(r"python -m stages\.(\w+)", stage.get("do", stage)["cmd"]).group(1)
 
 
 @pytest.mark.parametrize("name", sorted(STAGES))
-def test_flag_defaults_are_what_dvc_passes(name):
-    module, flags = cmd_flags(STAGES[name])
-    assert any(v[0].startswith("${") for v in flags.values()), name  # every stage has knobs in params.yaml
-    signature = inspect.signature(importlib.import_module(f"stages.{module}").main)
-    wrong = []
-    for flag, values in flags.items():
-        option = signature.parameters[flag.replace("-", "_")].default
-        default = [as_written(v) for v in option.default] if isinstance(option.default, list) else \
-            [as_written(option.default)]
-        expected = [committed(v[2:-1]) if v.startswith("${") else v for v in values]
-        if default != expected:
-            wrong.append(f"--{flag}: default {default!r}, dvc.yaml passes {expected!r} ({values})")
-    assert not wrong, f"stage {name} (stages/{module}.py):\n" + "\n".join(wrong)
+def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
+    stage = STAGES[name].get("do", STAGES[name])
+    reads = [r.format(**IDS) for r in importlib.import_module(f"stages.{module_of(STAGES[name])}").READS]
+    assert sorted(stage["params"]) == sorted(reads)
 
 
-@pytest.mark.parametrize("module", sorted({cmd_flags(s)[0] for s in STAGES.values()}))
-def test_help_documents_every_flag(module):
-    app = typer.Typer()
-    app.command()(importlib.import_module(f"stages.{module}").main)
-    out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200", "TERM": "dumb"})
-    assert out.exit_code == 0, out.output
-    signature = inspect.signature(importlib.import_module(f"stages.{module}").main)
-    flags = {name.replace("_", "-") for name, p in signature.parameters.items() if p.name != "ctx"}
-    missing = [f for f in flags if f"--{f}" not in out.output]
-    assert not missing, f"stages/{module}.py --help lacks {missing}"
-    assert all(signature.parameters[f.replace("-", "_")].default.help for f in flags)
+def test_no_knob_on_a_command_line():
+    """A cmd is `python -m stages.<name>` plus the run's ids: every knob reaches the stage through params.yaml."""
+    for name, spec in STAGES.items():
+        cmd = " ".join(spec.get("do", spec)["cmd"].split())
+        assert re.fullmatch(r"python -m stages\.\w+( --(variant|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
 
 
-def test_param_default_names_a_missing_key():
-    with pytest.raises(KeyError, match="no 'rm.nope'"):
-        params.param_default("rm.nope")
-    assert params.param_default("rm.steps") == committed("rm.steps")
+def test_every_key_is_read_by_some_stage():
+    read = {r.split(".{")[0] for s in STAGES.values() for r in importlib.import_module(
+        f"stages.{module_of(s)}").READS}
+    unread = [k for k, _ in params.leaves(Params) if not any(k == r or k.startswith(r + ".") for r in read)]
+    assert not unread, f"params.yaml keys no stage reads: {unread}"
 
 
-def test_from_options_builds_a_config_from_a_stages_flags():
-    """A stage's locals() -> its TrainConfig: the fields it has flags for, the fixed ones, dataclass defaults else."""
-    from speedrun.train.loop import TrainConfig
-    options = {"steps": 7, "lr": 0.5, "patience": 2, "dtype": "fp32", "out_dir": Path("x"), "monitor": "ignored"}
-    cfg = params.from_options(TrainConfig, options, bf16=True, monitor="val_bpb")
-    assert cfg == TrainConfig(steps=7, lr=0.5, patience=2, bf16=True, monitor="val_bpb")
-    with pytest.raises(TypeError, match="steps"):  # a required field the stage lacks is an error, not a default
-        params.from_options(TrainConfig, {"lr": 0.5})
+def test_the_committed_params_load_and_every_knob_has_help():
+    p = params.load(REPO / "params.yaml")
+    assert p.grpo.train.steps >= 1 and p.grpo.variants["density"].sampling == "density"
+    assert all(f.metadata["help"] for _, f in params.leaves(Params))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("grpo.train.stepz=5", "grpo.train.stepz: unknown key"),
+    ("pretrain.steps=five", "pretrain.steps: expected int, got 'five'"),
+    ("pretrain.steps=0", "pretrain.steps: must be >= 1"),
+    ("grpo.train.steps=-1", "grpo.train.steps: must be >= 1"),
+    ("rm.batch_size=0", "rm.batch_size: must be >= 1"),
+    ("grpo.train.adv_scale=grp", "grpo.train.adv_scale: expected one of group, batch, none"),
+    ("eval.reward_margin=-1", "eval.reward_margin: must be >= 0"),
+    ("grpo.seeds=[1, 1]", "grpo.seeds: expected a non-empty list of distinct values"),
+    ("sft.hf_name=", "sft.hf_name: expected a string, got nothing"),
+])
+def test_a_bad_override_names_its_key(override, message):
+    with pytest.raises(params.ParamsError, match=re.escape(message)):
+        params.load(REPO / "params.yaml", [override])
+
+
+def test_a_typo_in_the_file_stops_a_stage_in_about_a_second(tmp_path):
+    text = (REPO / "params.yaml").read_text().replace("  steps: 40\n", "  stepz: 40\n")
+    (tmp_path / "params.yaml").write_text(text)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "stages.grpo", "--variant", "density", "--seed", "1", "--params",
+                          str(tmp_path / "params.yaml")], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode != 0 and "grpo.train.stepz: unknown key" in res.stderr, res.stderr
+    assert time.perf_counter() - t0 < 30  # before loading any model (a generous bound for a loaded CI machine)
+
+
+def test_a_stage_cannot_read_a_key_it_does_not_declare():
+    view = params.StageView(params.load(REPO / "params.yaml"), ["seed", "corpus.val_frac", "grpo.variants.density"])
+    assert view.corpus.val_frac == 0.1 and view.grpo.variants["density"].sampling == "density"
+    for read in (lambda: view.corpus.source, lambda: view.beta, lambda: view.grpo.variants["baseline"]):
+        with pytest.raises(AttributeError, match="not declared in the stage's READS"):
+            read()
+
+
+def test_help_lists_every_key_the_stage_reads_with_its_value():
+    out = subprocess.run([sys.executable, "-m", "stages.grpo", "--help"], cwd=REPO, capture_output=True,
+                         text=True).stdout
+    for key in ("beta = 0.04", "grpo.train.top_k = 0", "grpo.train.max_prompt_len = 128", "grpo.density.k = 10",
+                "compute.dtype = 'auto'"):
+        assert key in out, key
+    assert "-S KEY=VALUE" in out
+
+
+# knobs that once had their only default in code: each is now in params.yaml and in its stage's dvc.yaml params:,
+# so `dvc exp run -S` reaches it (tests/test_pipeline.py runs one through DVC)
+HIDDEN = {"grpo": ["grpo.train.warmup_steps", "grpo.train.top_k", "grpo.train.max_prompt_len", "grpo.train.grad_clip"],
+          "pretrain": ["pretrain.weight_decay", "pretrain.final_lr_frac", "pretrain.grad_clip", "pretrain.micro_batch"],
+          "sft": ["sft.weight_decay", "sft.final_lr_frac", "sft.grad_clip", "sft.micro_batch", "sft.micro_tokens"],
+          "train_rm": ["rm.weight_decay", "rm.final_lr_frac", "rm.grad_clip", "rm.micro_batch", "rm.micro_tokens"],
+          "tokenizer": ["tokenizer.max_chars"], "eval_diversity": ["eval.max_prompt_len"]}
+
+
+@pytest.mark.parametrize("stage", sorted(HIDDEN))
+def test_formerly_hidden_knobs_are_tracked(stage):
+    declared = STAGES[stage].get("do", STAGES[stage])["params"]
+    p = params.load(REPO / "params.yaml")
+    for key in HIDDEN[stage]:
+        params.value_at(p, key)  # in params.yaml
+        assert any(key == d or key.startswith(d + ".") for d in declared), (stage, key)

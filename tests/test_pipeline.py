@@ -23,7 +23,8 @@ MICRO_DAG = {
     "onpolicy.samples_per_prompt": 1, "onpolicy.max_new_tokens": 8,
     "rm.eval_pairs": 16, "rm.steps": 4, "rm.batch_size": 4, "rm.eval_every": 2, "rm.max_len": 64, "rm.warmup_steps": 1,
     "rm.save_every": 0,
-    "grpo.steps": 2, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.max_new_tokens": 8,
+    "grpo.train.steps": 2, "grpo.train.prompts_per_step": 2, "grpo.train.group_size": 2,
+    "grpo.train.max_new_tokens": 8,
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
     "eval.n_boot": 20, "grpo.seeds": [1, 2],  # two seeds: the smallest verdict; the test adds a third
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
@@ -135,13 +136,24 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     assert ran(dvc(repo, "repro")) == {"grpo@density-3", "grpo@baseline-3", "eval_diversity"}
     assert "(3 vs 3 GRPO training seeds)" in (repo / "reports/report.md").read_text()
 
+    # a knob that once had its default in code reaches its stage through `dvc exp run -S`, and only that stage
+    assert ran(dvc(repo, "exp", "run", "-S", "eval.max_prompt_len=32")) == {"eval_diversity"}
+    # a failed evaluation leaves the last report in place (its cache: false outputs are persist)
+    report = (repo / "reports/report.md").read_bytes()
+    set_params(repo, {"eval.comparisons": "density:nope"})
+    res = subprocess.run([sys.executable, "-m", "dvc", "repro", "eval_diversity"], cwd=repo, capture_output=True,
+                         text=True, env=dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"),
+                                             PYTHONPATH=str(repo / "src")))
+    assert res.returncode != 0 and "eval.comparisons" in res.stdout + res.stderr
+    assert (repo / "reports/report.md").read_bytes() == report
+
 
 def test_grpo_plots_cover_every_run_of_params():
     """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""
     from speedrun import params
     from conftest import REPO
-    variants, seeds = params.grpo_variants(params.load(REPO / "params.yaml"))
-    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v in variants for s in seeds}
+    grpo = params.load(REPO / "params.yaml").grpo
+    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v in grpo.variants for s in grpo.seeds}
     for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]:
         name, spec = next(iter(plot.items()))
         if name.startswith("grpo_"):

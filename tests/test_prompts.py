@@ -4,12 +4,10 @@ import json
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import typer
-from typer.testing import CliRunner
 
 from speedrun.data import pairs as pairs_lib
 from speedrun.data import prompts
-from stages.dedup_prompts import main
+from conftest import call_stage
 
 LONG = ("I am planning a trip to the mountains next month with my two kids and our dog, and I would like "
         "to know which hiking trails are safe for young children and which gear we should pack for the cold")
@@ -43,11 +41,8 @@ def write_pairs(path, rows):
 
 
 def run(tmp_path, pairs_path, *args):
-    app = typer.Typer()
-    app.command()(main)
     out = tmp_path / "prompts"
-    res = CliRunner().invoke(app, ["--pairs", str(pairs_path), "--out-dir", str(out), *args])
-    assert res.exit_code == 0, res.output + repr(res.exception)
+    call_stage("dedup_prompts", "--pairs", pairs_path, "--out-dir", out, *args)
     return (pd.read_parquet(out / "prompts.parquet"), pq.read_table(out / "pairs.parquet").to_pylist(),
             pd.read_csv(out / "prompt_id_map.tsv", sep="\t"), json.loads((out / "stats.json").read_text()))
 
@@ -81,7 +76,7 @@ def test_near_duplicates_merge_into_the_earliest_id():
 def test_stage_outputs(tmp_path):
     rows = sample_pairs()
     write_pairs(tmp_path / "pairs.parquet", rows)
-    uniq, out_pairs, id_map, stats = run(tmp_path, tmp_path / "pairs.parquet", "--eval-frac", "0.5")
+    uniq, out_pairs, id_map, stats = run(tmp_path, tmp_path / "pairs.parquet", "-S", "prompts.eval_frac=0.5")
     assert list(uniq.columns) == ["prompt_id", "prompt", "n_pairs", "srcs", "split", "group", "n_variants"]
     assert stats["total_pairs"] == 10 and stats["unique_prompts_exact"] == 8
     assert stats["near_dup_merges"] == 1 and stats["unique_prompts"] == len(uniq) == 7

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import run_module
+from conftest import run_module, sets, train_config
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import write_parquet, write_table
 from speedrun.data import pairs as pairs_lib
@@ -19,7 +19,7 @@ from speedrun.reward import preference as pref
 from speedrun.train.checkpoint import save_model
 from speedrun.train.data import StepSampler
 from speedrun.train.distributed import Dist
-from speedrun.train.loop import TrainConfig, train
+from speedrun.train.loop import train
 
 torch.set_num_threads(1)
 TINY = GPTConfig(vocab_size=32, depth=2, n_embd=32, head_dim=16, seq_len=32)
@@ -86,7 +86,7 @@ def toy_pairs(n: int, seed: int) -> dict[str, list]:
 def fit_toy(rm: pref.RewardModel, steps: int, lr: float = 3e-3):
     data, val = toy_pairs(256, 0), toy_pairs(64, 1)
     sampler = StepSampler(len(data["chosen"]), 16, 0, seed=0, salt="toy")
-    cfg = TrainConfig(steps=steps, lr=lr, warmup_steps=2, eval_every=steps)
+    cfg = train_config(steps=steps, lr=lr, warmup_steps=2, eval_every=steps)
     return train(rm, cfg, pref.pair_batch_fn(data, sampler), lambda m: pref.evaluate(m, val)[0],
                  Dist(0, 1, "cpu"), loss_fn=pref.bt_loss_sum, log_every=10**9)
 
@@ -199,12 +199,13 @@ def rm_inputs(tiny_corpus, tmp_path_factory):
     return root, tok
 
 
-def rm_args(tiny_corpus, root, out, *extra):
-    return ["--pairs", str(root / "pairs.parquet"), "--init-dir", str(root / "sft"), "--tokenizer-dir",
-            str(tiny_corpus / "tokenizer"), "--max-len", "96", "--steps", "6", "--batch-size", "8",
-            "--warmup-steps", "2", "--eval-every", "3", "--eval-pairs", "24", "--train-last-blocks", "1",
-            "--lr", "0.01", "--scratch-dir", str(out / "scratch"), "--out-dir", str(out / "rm"),
-            "--metrics", str(out / "rm.json"), "--train-kinds", "all", *extra]
+def rm_args(tiny_corpus, root, out, *extra, more_pairs=()):
+    return ["--pairs", str(root / "pairs.parquet"), *map(str, more_pairs), "--init-dir", str(root / "sft"), "--tokenizer-dir",
+            str(tiny_corpus / "tokenizer"), *sets("rm.max_len=96", "rm.steps=6", "rm.batch_size=8",
+                                                  "rm.warmup_steps=2", "rm.eval_every=3", "rm.eval_pairs=24",
+                                                  "rm.train_last_blocks=1", "rm.lr=0.01", "rm.train_kinds=all"),
+            "--scratch-dir", str(out / "scratch"), "--out-dir", str(out / "rm"), "--metrics", str(out / "rm.json"),
+            *extra]
 
 
 def test_eval_split_pairs_never_reach_training_batches(rm_inputs):

@@ -4,7 +4,8 @@ import torch
 
 from speedrun.model import GPT, GPTConfig
 from speedrun.rl.density import draw_prompts
-from speedrun.rl.trainer import GRPOConfig, grpo_train
+from conftest import committed
+from speedrun.rl.trainer import grpo_train
 
 TARGET = 5
 
@@ -17,13 +18,13 @@ def toy_policy(seed: int = 0) -> GPT:
 
 
 def run(steps: int, beta: float = 0.0, inner_updates: int = 1, seed: int = 0, stop_id: int | None = None,
-        mask_truncated: bool = False):
+        truncated: str = "keep"):
     policy, ref = toy_policy(seed), toy_policy(seed)
     prompts = [[1, 2], [1, 3, 4], [1, 6], [1, 7, 8, 9]]
     weights = torch.full((len(prompts),), 0.25, dtype=torch.float64)
     reward = lambda batch, s: ((s.tokens == TARGET).float() * s.mask).sum(1) / s.mask.sum(1)
-    cfg = GRPOConfig(steps=steps, prompts_per_step=2, group_size=8, max_new_tokens=6, lr=3e-2, beta=beta,
-                     inner_updates=inner_updates, warmup_steps=1, seed=seed, mask_truncated=mask_truncated)
+    cfg = committed("grpo.train", steps=steps, prompts_per_step=2, group_size=8, max_new_tokens=6, lr=3e-2, beta=beta,
+                    inner_updates=inner_updates, warmup_steps=1, seed=seed, truncated=truncated)
     return policy, ref, grpo_train(policy, ref, prompts, lambda step, g: draw_prompts(weights, 2, g), reward, cfg,
                                    "cpu", stop_id=stop_id, pad_id=0)
 
@@ -58,7 +59,7 @@ def test_truncated_completions_are_logged_and_can_leave_the_loss():
     _, _, plain = run(3)
     assert all(r["truncated_frac"] == 0 for r in plain.log)  # no stop token: fixed-length rows, never truncated
     _, _, kept = run(3, stop_id=3)
-    _, _, masked = run(3, stop_id=3, mask_truncated=True)
+    _, _, masked = run(3, stop_id=3, truncated="mask")
     fracs = [r["truncated_frac"] for r in kept.log]
     assert all(0 < f < 1 for f in fracs) and fracs[0] == masked.log[0]["truncated_frac"]  # same first samples
     # masking changes the update (fewer tokens in the loss), hence what the policy samples next

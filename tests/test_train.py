@@ -4,18 +4,20 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, run_module
+from conftest import REPO, run_module, sets, train_config
+from speedrun.common import use_bf16
 from speedrun.train.data import StepSampler, pad_conversations, sft_batch_fn
 
 
 def pretrain_args(root, out, *extra):
-    return ["--corpus-dir", str(root / "corpus"), "--tokenizer-dir", str(root / "tokenizer"), "--depth", "1",
-            "--head-dim", "32", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "2",
-            "--eval-windows", "4", "--patience", "0", "--out-dir", str(out / "model"),
+    return ["--corpus-dir", str(root / "corpus"), "--tokenizer-dir", str(root / "tokenizer"), *sets(
+            "model.depth=1", "model.head_dim=32", "model.seq_len=32", "pretrain.batch_size=4",
+            "pretrain.warmup_steps=2", "pretrain.eval_windows=4", "pretrain.patience=0"), "--out-dir", str(out / "model"),
             "--metrics", str(out / "metrics.json"), "--scratch-dir", str(out / "scratch"), *extra]
 
 
@@ -54,19 +56,31 @@ def test_length_recut_sft_batches_keep_the_step_gradient():
     assert torch.allclose(g0, g1, atol=1e-6)
 
 
-def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path):
-    steps = ["--steps", "40", "--save-every", "4", "--eval-every", "8"]
-    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "straight", *steps))
-
-    args = pretrain_args(tiny_corpus, tmp_path / "killed", *steps)
+def kill_after_first_save(args: list[str], resume: Path) -> Path:
+    """Start a pretrain run and SIGKILL it as soon as its first resume file appears."""
     proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    resume = tmp_path / "killed/scratch/resume.pt"
     deadline = time.time() + 120
     while not resume.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    return resume
+
+
+# numerics are compared per dtype, never under compute.dtype auto (fp32 on one CPU, bf16 on another)
+HAS_BF16 = use_bf16("auto", "cpu")
+DTYPES = ["fp32", pytest.param("bf16", marks=pytest.mark.skipif(not HAS_BF16, reason="this CPU has no "
+                                                                "AVX512-BF16/AMX: bf16 would be emulated, not tested"))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path, dtype):
+    steps = sets("pretrain.steps=40", "pretrain.save_every=4", "pretrain.eval_every=8", f"compute.dtype={dtype}")
+    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "straight", *steps))
+
+    args = pretrain_args(tiny_corpus, tmp_path / "killed", *steps)
+    resume = kill_after_first_save(args, tmp_path / "killed/scratch/resume.pt")
     assert resume.exists() and not (tmp_path / "killed/model/model.pt").exists(), "kill came too late to test resume"
 
     out = run_module("stages.pretrain", *args)
@@ -78,20 +92,40 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path):
     assert not resume.exists()  # a finished run leaves no resume state behind
 
 
-def test_ddp_two_processes_match_one(tiny_corpus, tmp_path):
-    steps = ["--steps", "3", "--eval-every", "3", "--save-every", "0"]
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ddp_two_processes_match_one(tiny_corpus, tmp_path, dtype):
+    steps = sets("pretrain.steps=3", "pretrain.eval_every=3", "pretrain.save_every=0", f"compute.dtype={dtype}")
     run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "one", *steps))
-    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "two", *steps, "--nproc", "2"))
+    run_module("stages.pretrain", *pretrain_args(tiny_corpus, tmp_path / "two", *steps, "-S", "compute.nproc=2"))
     a = torch.load(tmp_path / "one/model/model.pt", weights_only=True)
     b = torch.load(tmp_path / "two/model/model.pt", weights_only=True)
+    # the same global gradient, summed in another order: fp32 rounding, or bf16's 8-bit mantissa (eps 2^-8 ~ 0.004)
+    # on the matmul inputs, which moves 3 steps' weights by about that much
+    atol = 1e-5 if dtype == "fp32" else 1e-2
     for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5), (k, (a[k] - b[k]).abs().max())
+        assert torch.allclose(a[k], b[k], atol=atol), (k, (a[k] - b[k]).abs().max())
+
+
+def test_a_changed_setting_never_resumes_the_old_run(tiny_corpus, tmp_path):
+    """Kill a run, change a setting (one the old fingerprint left out: the data's max length would do), rerun:
+    it trains from the start under the new value, not from the old run's state."""
+    args = pretrain_args(tiny_corpus, tmp_path / "killed", *sets("pretrain.steps=40", "pretrain.save_every=4",
+                                                                 "pretrain.eval_every=8", "compute.dtype=fp32"))
+    resume = kill_after_first_save(args, tmp_path / "killed/scratch/resume.pt")
+    assert resume.exists(), "kill came too late to test resume"
+    out = run_module("stages.pretrain", *args, "-S", "pretrain.eval_windows=3")
+    assert "resumed from" not in out
+    # a corrupt resume file names itself and what to do
+    resume.parent.mkdir(parents=True, exist_ok=True)
+    resume.write_bytes(b"not a checkpoint")
+    res = subprocess.run([sys.executable, "-m", "stages.pretrain", *args], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode != 0 and str(resume) in res.stderr and "Delete it" in res.stderr
 
 
 def test_nan_loss_stops_training(tmp_path):
     from speedrun.model import GPT, GPTConfig
     from speedrun.train.distributed import Dist
-    from speedrun.train.loop import TrainConfig, train
+    from speedrun.train.loop import train
 
     model = GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8))
     batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]
@@ -102,7 +136,7 @@ def test_nan_loss_stops_training(tmp_path):
         return m(x, y, reduction="sum") * (float("nan") if len(calls) > 2 else 1.0)
 
     with pytest.raises(FloatingPointError, match="loss is nan at step 2"):
-        train(model, TrainConfig(steps=5, eval_every=100), batch, lambda m: {"val_loss": 1.0}, Dist(0, 1, "cpu"),
+        train(model, train_config(steps=5, eval_every=100), batch, lambda m: {"val_loss": 1.0}, Dist(0, 1, "cpu"),
               scratch=tmp_path, loss_fn=nan_after_two)
 
 
@@ -122,12 +156,12 @@ def test_use_bf16_explicit_and_auto(monkeypatch):
 def test_muon_takes_the_block_matrices_and_resumes_exactly(tmp_path):
     from speedrun.common import torch_load
     from speedrun.model import GPT, GPTConfig
-    from speedrun.train.loop import TrainConfig, make_optimizer
+    from speedrun.train.loop import make_optimizer
 
     def fresh():
         torch.manual_seed(0)
         model = GPT(GPTConfig(vocab_size=64, depth=2, head_dim=32, seq_len=16))
-        return model, make_optimizer(model, TrainConfig(steps=3, lr=1e-2, optimizer="muon"))
+        return model, make_optimizer(model, train_config(steps=3, lr=1e-2, optimizer="muon"))
 
     def step(model, opt, i):
         x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(i))

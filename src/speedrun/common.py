@@ -101,7 +101,37 @@ def torch_save(path: str | Path, obj: Any) -> None:
 
 
 def torch_load(path: str | Path, device: str = "cpu") -> Any:
-    return torch.load(path, map_location=device, weights_only=True)
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # a truncated or foreign file: say which, and what to do (never weights_only=False)
+        raise RuntimeError(f"{path}: not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+                           "Delete it (a resume file: the stage then starts over), or restore a DVC output with "
+                           f"`dvc checkout {path}`") from None
+
+
+def require_values(table: "pyarrow.Table", columns: tuple[str, ...], path: str | Path) -> None:  # noqa: F821
+    """Every row of these columns holds a value: a null or NaN names the file, the row and the column."""
+    import pyarrow.compute as pc
+    for c in columns:
+        if c not in table.column_names:
+            raise ValueError(f"{path}: no column {c!r} (have {table.column_names})")
+        null = pc.is_null(table.column(c), nan_is_null=True)
+        if pc.any(null).as_py():
+            raise ValueError(f"{path}: row {pc.index(null, True).as_py()}, column {c!r}: no value (null or NaN); "
+                             "fix or drop that row upstream")
+
+
+def files_digest(*paths: str | Path) -> str:
+    """Content hash of files and directories (every file below, in sorted order): a resume fingerprint's inputs."""
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        for f in sorted(root.rglob("*")) if root.is_dir() else [root]:
+            if f.is_file():
+                h.update(f.relative_to(root).as_posix().encode() if root.is_dir() else b"")
+                h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -115,9 +145,6 @@ def pick_device(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-DTYPE_HELP = "fp32, bf16 (autocast), or auto: bf16 where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX)"
 
 
 def use_bf16(dtype: str, device: str) -> bool:

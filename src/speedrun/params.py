@@ -1,71 +1,179 @@
-"""params.yaml: the one place every knob's default lives.
-
-Stage flags that dvc.yaml templates from params.yaml (`--lr ${sft.lr}`) take their defaults from it
-(`param_default`, via speedrun.cli), so `python -m stages.<name>` with no flags does what `dvc repro` does with the
-committed params (tests/test_params.py checks every flag). Stages that need more of it than flags carry (the GRPO
-runs: variants x seeds) read it with `load` and `grpo_variants`.
-"""
+"""params.yaml as typed, checked data. `load` reads the whole file into speedrun.config.Params and fails, naming the
+file and the key, on a missing, unknown, mistyped or out-of-range key; `-S key=value` overrides are applied first,
+as `dvc exp run -S` would. A stage sees its params through `StageView`: only the keys it declares (its dvc.yaml
+`params:`), so reading an undeclared key fails instead of going unnoticed by DVC."""
 from __future__ import annotations
 
-import functools
 import dataclasses
+import json
+import math
+import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterator
 
 import yaml
+
+from speedrun.config import Params
 
 PARAMS = Path("params.yaml")
 
 
+class ParamsError(ValueError):
+    """A params.yaml key that is missing, unknown, mistyped or out of range."""
+
+
 def repo_file(name: str) -> Path:
-    """`name` in the working directory (the repository root, where DVC runs the stages), else the checkout's own
-    (for runs from elsewhere)."""
+    """`name` in the working directory (the repository root, where DVC runs the stages), else the checkout's own."""
     here = Path(name)
     return here if here.is_file() else Path(__file__).resolve().parents[2] / name
 
 
-def load(path: Path = PARAMS) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: params file not found (run from the repository root)")
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
 
 
-@functools.lru_cache(maxsize=None)
-def _defaults(path: str) -> dict[str, Any]:
-    return load(Path(path))
+def set_key(raw: dict[str, Any], assignment: str, where: str) -> None:
+    """Apply one `-S section.key=value` (value parsed as YAML, as DVC does) to the raw params."""
+    key, sep, text = assignment.partition("=")
+    if not sep:
+        raise ParamsError(f"-S {assignment!r}: expected key=value")
+    node = raw
+    *parents, last = key.split(".")
+    for i, part in enumerate(parents):
+        if not isinstance(node.get(part), dict):
+            raise ParamsError(f"{where}: -S {key}: no section {'.'.join(parents[:i + 1])!r}")
+        node = node[part]
+    if last not in node:
+        raise ParamsError(f"{where}: -S {key}: unknown key (known: {', '.join(map(str, node))})")
+    node[last] = yaml.safe_load(text)
 
 
-def param_default(key: str) -> Any:
-    """The value of a dotted params.yaml key (e.g. "rm.steps"): params.yaml of the working directory (the
-    repository root, where DVC runs the stages), else the checkout's own."""
-    value: Any = _defaults(str(repo_file(str(PARAMS))))
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise KeyError(f"params.yaml has no {key!r} (a stage's flag default names it)")
-        value = value[part]
+def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
+    """params.yaml (default: the working directory's, else the checkout's) with overrides, checked."""
+    path = Path(path) if path else repo_file(str(PARAMS))
+    raw = read_yaml(path)
+    for assignment in overrides:
+        set_key(raw, assignment, str(path))
+    return build(Params, raw, str(path), "")
+
+
+def _fail(where: str, key: str, message: str) -> typing.NoReturn:
+    raise ParamsError(f"{where}: {key or '(top level)'}: {message}")
+
+
+def build(cls: Any, value: Any, where: str, key: str) -> Any:
+    """A value of type `cls` from its YAML form, checked; `key` is its dotted name for messages."""
+    origin, args = typing.get_origin(cls), typing.get_args(cls)
+    if dataclasses.is_dataclass(cls):
+        if not isinstance(value, dict):
+            _fail(where, key, f"expected a section of keys, got {value!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
+        hints = typing.get_type_hints(cls)
+        unknown = sorted(set(map(str, value)) - set(fields))
+        if unknown:
+            _fail(where, ".".join(filter(None, [key, unknown[0]])),
+                  f"unknown key (a typo? {key or 'params.yaml'} has: {', '.join(fields)})")
+        missing = [n for n in fields if n not in value]
+        if missing:
+            _fail(where, ".".join(filter(None, [key, missing[0]])), "missing")
+        out = {}
+        for name, f in fields.items():
+            sub = f"{key}.{name}" if key else name
+            out[name] = build(hints[name], value[name], where, sub)
+            check_range(f, out[name], where, sub)
+        return cls(**out)
+    if origin is typing.Literal:
+        if value not in args:
+            _fail(where, key, f"expected one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            _fail(where, key, f"expected a list, got {value!r}")
+        items = [build(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+        if not items or len(set(map(repr, items))) != len(items):
+            _fail(where, key, f"expected a non-empty list of distinct values, got {value!r}")
+        return items
+    if origin is dict:
+        if not isinstance(value, dict) or not value:
+            _fail(where, key, f"expected a non-empty mapping, got {value!r}")
+        return {str(k): build(args[1], v, where, f"{key}.{k}") for k, v in value.items()}
+    if cls is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if cls is str and value is None:
+        _fail(where, key, "expected a string, got nothing (write '' for an empty one)")
+    if not isinstance(value, cls) or (cls is int and isinstance(value, bool)):
+        _fail(where, key, f"expected {cls.__name__}, got {value!r} ({type(value).__name__})")
+    if cls is float and math.isnan(value):
+        _fail(where, key, "expected a number, got NaN")
     return value
 
 
-T = TypeVar("T")
+def check_range(f: dataclasses.Field, value: Any, where: str, key: str) -> None:
+    m = f.metadata
+    for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                            ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+        if m.get(bound) is not None and not ok(value, m[bound]):
+            _fail(where, key, f"must be {word} {m[bound]:g}, got {value!r}")
 
 
-def from_options(cls: type[T], options: dict[str, Any], **fixed: Any) -> T:
-    """A config dataclass from a stage's options (its locals()): every field the stage has a flag for, plus `fixed`;
-    the rest keep the dataclass's defaults. One line instead of each field spelled out again."""
-    names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
-    return cls(**{k: options[k] for k in names if k in options}, **fixed)
+def leaves(cls: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """(dotted key, field) of every knob under a config class (dict-valued sections stop at their own key)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("derived"):
+            continue
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from leaves(hints[f.name], key + ".")
+        else:
+            yield key, f
 
 
-def grpo_variants(params: dict[str, Any], where: str = "params.yaml") -> tuple[dict[str, str], list[int]]:
-    """({variant: sampling mode}, training seeds) from grpo.variants and grpo.seeds: one GRPO run per pair."""
-    grpo = params.get("grpo", {})
-    variants, seeds = grpo.get("variants") or {}, grpo.get("seeds") or []
-    if not variants or not seeds:
-        raise ValueError(f"{where}: grpo.variants and grpo.seeds must both be non-empty")
-    if len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
-        raise ValueError(f"{where}: grpo.seeds must be distinct integers, got {seeds}")
-    for name, spec in variants.items():
-        if not isinstance(spec, dict) or set(spec) != {"sampling"}:
-            raise ValueError(f"{where}: grpo.variants.{name} must be {{sampling: density|uniform}}, got {spec}")
-    return {str(name): spec["sampling"] for name, spec in variants.items()}, [int(s) for s in seeds]
+def value_at(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def plain(value: Any) -> Any:
+    """A params value as plain data (JSON-able): dataclasses as dicts."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else \
+        {k: plain(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+class StageView:
+    """The params one stage may read: attribute access to the declared keys only (a declared section whole, or
+    single keys of it). `digest` hashes exactly those values: the resume fingerprint's share of the settings."""
+
+    def __init__(self, obj: Any, reads: list[str], path: str = ""):
+        self._obj, self._reads, self._path = obj, reads, path
+
+    def _get(self, name: str) -> Any:
+        whole = [r for r in self._reads if r == name]
+        inner = [r[len(name) + 1:] for r in self._reads if r.startswith(name + ".")]
+        key = f"{self._path}{name}"
+        if not whole and not inner:
+            raise AttributeError(f"params key {key!r} is read but not declared in the stage's READS (nor in its "
+                                 "dvc.yaml params:, so DVC would not rerun it when the key changes)")
+        value = self._obj[name] if isinstance(self._obj, dict) else getattr(self._obj, name)
+        return value if whole else StageView(value, inner, key + ".")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._get(name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._get(str(name))
+
+    def values(self) -> dict[str, Any]:
+        return {r: plain(value_at(self._obj, r)) for r in self._reads}
+
+    def digest(self) -> str:
+        return json.dumps(self.values(), sort_keys=True)

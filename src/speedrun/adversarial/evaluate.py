@@ -22,21 +22,9 @@ DPI = 100
 NATURAL = "natural"
 
 
-def parse_cycles(args: list[str]) -> dict[str, dict]:
-    """The adversarial.cycles dict from DVC's unpacking of `${adversarial.cycles}`:
-    ["--1.prev", "0", "--1.init", "outs/pretrain", ...] -> {"1": {"prev": "0", "init": "outs/pretrain"}}."""
-    if len(args) % 2:
-        raise ValueError(f"cycle arguments must come in --<cycle>.<field> <value> pairs, got {args}")
-    cycles: dict[str, dict] = {}
-    for flag, value in zip(args[::2], args[1::2]):
-        key, _, field = flag.removeprefix("--").partition(".")
-        if not flag.startswith("--") or not key or field not in ("prev", "init"):
-            raise ValueError(f"unexpected cycle argument {flag!r}: expected --<cycle>.prev or --<cycle>.init")
-        cycles.setdefault(key, {})[field] = value
-    for key, c in cycles.items():
-        if set(c) != {"prev", "init"}:
-            raise ValueError(f"cycle {key} needs both prev and init, got {sorted(c)}")
-    return dict(sorted(cycles.items(), key=lambda kv: (len(kv[0]), kv[0])))  # "2" before "10"
+def ordered_cycles(cycles: dict[str, dict]) -> dict[str, dict]:
+    """adversarial.cycles (as plain dicts) in cycle order: "2" before "10"."""
+    return dict(sorted(cycles.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
 
 def policy_dirs(cycles: dict[str, dict], adv_dir: Path) -> dict[str, Path]:

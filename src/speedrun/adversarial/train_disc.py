@@ -4,7 +4,6 @@ The frozen blocks run once per sequence (their outputs are cached), so only the 
 step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,18 +16,9 @@ from speedrun.reward.discriminator import Discriminator, metrics, save_discrimin
 from speedrun.train.checkpoint import load_model
 from speedrun.train.data import StepSampler
 from speedrun.train.distributed import Dist
-from speedrun.train.loop import TrainConfig, autocast, train
+from speedrun.config import DiscConfig
+from speedrun.train.loop import autocast, train
 from speedrun.train.outputs import write_logs
-
-
-@dataclass(frozen=True)
-class DiscRecipe:
-    """What the discriminator reads and trains, besides the optimizer schedule (TrainConfig)."""
-    cycle: str
-    head: str  # token: per-token BCE, the mean estimates K/N | pooled: last token, 2-way
-    train_last_blocks: int  # trunk blocks trained with the head (0 = frozen trunk)
-    batch_size: int  # sequences per step
-    seed: int
 
 
 @torch.no_grad()
@@ -38,17 +28,17 @@ def logits_of(disc: Discriminator, x: torch.Tensor, device: str, bf16: bool, bat
                           for i in range(0, len(x), batch_size)])
 
 
-def train_discriminator(init_dir: Path, data_dir: Path, tokenizer_dir: Path, recipe: DiscRecipe, cfg: TrainConfig,
-                        device: str, out_dir: Path) -> dict:
+def train_discriminator(init_dir: Path, data_dir: Path, tokenizer_dir: Path, cfg: DiscConfig, cycle: str,
+                        seed: int, device: str, out_dir: Path) -> dict:
     """Train on data_dir/{train,val}.parquet, keep the best checkpoint; writes out_dir (model.pt, meta.json,
     log.csv, eval.csv, metrics.json) and returns the metrics."""
-    r = recipe
+    r = cfg
     tok = tokenizer_lib.load(tokenizer_dir)
     n = read_json(data_dir / "stats.json")["seq_len"]
     split = {s: adv.load_split(pd.read_parquet(data_dir / f"{s}.parquet"), n, str(data_dir / f"{s}.parquet"))
              for s in ("train", "val")}
     trunk, _ = load_model(init_dir, device, tok.digest)
-    seed_everything(r.seed)
+    seed_everything(seed)
     disc = Discriminator(trunk, r.head, r.train_last_blocks, n).to(device)
     with autocast(device, cfg.bf16):  # the frozen part runs once per sequence, not once per step
         x = {s: torch.cat([disc.prefix(t[i:i + 64].to(device)).float().cpu() for i in range(0, len(t), 64)])
@@ -62,22 +52,22 @@ def train_discriminator(init_dir: Path, data_dir: Path, tokenizer_dir: Path, rec
         loss = float(m.loss_sum(logits, y["val"])) / y["val"].numel()
         return {"val_loss": loss, "val_mae_k_frac": metrics(logits, val_k, val_pure, n)["mae_k_frac"]}
 
-    sampler = StepSampler(len(x["train"]), r.batch_size, 0, r.seed, f"adv_rm{r.cycle}")
+    sampler = StepSampler(len(x["train"]), r.batch_size, 0, seed, f"adv_rm{cycle}")
     batch_fn = lambda step, rank, world: [(x["train"][ids], y["train"][ids])  # noqa: E731
                                           for ids in sampler.items(step, rank, world)]
-    print(f"adv_rm@{r.cycle}: {r.head} head, {r.train_last_blocks} trainable blocks, "
+    print(f"adv_rm@{cycle}: {r.head} head, {r.train_last_blocks} trainable blocks, "
           f"{sum(p.numel() for p in disc.parameters() if p.requires_grad):,} trainable params, "
           f"{len(x['train'])} train / {len(x['val'])} val sequences of {n}")
     result = train(disc, cfg, batch_fn, eval_fn, Dist(0, 1, device),
                    loss_fn=lambda m, xb, yb: m.loss_sum(m.from_prefix(xb), yb), log_every=50,
-                   name=f"adv_rm@{r.cycle}")
+                   name=f"adv_rm@{cycle}")
     disc.load_state_dict(result.best_state)
-    m = {"cycle": r.cycle, "init": str(init_dir), "head": r.head, "train_last_blocks": r.train_last_blocks,
+    m = {"cycle": cycle, "init": str(init_dir), "head": r.head, "train_last_blocks": r.train_last_blocks,
          "steps": result.steps_done, "stopped_early": result.stopped_early, "best_step": result.best_eval["step"],
          "val_loss": round(result.best_eval["val_loss"], 5), "train_rows": len(x["train"]), "val_rows": len(x["val"]),
          **{k: (round(v, 5) if isinstance(v, float) else v)
             for k, v in metrics(logits_of(disc, x["val"], device, cfg.bf16), val_k, val_pure, n).items()}}
-    save_discriminator(out_dir, disc, {"tokenizer": tok.digest, "cycle": r.cycle, "init": str(init_dir)})
+    save_discriminator(out_dir, disc, {"tokenizer": tok.digest, "cycle": cycle, "init": str(init_dir)})
     write_logs(out_dir, result)
     write_json(out_dir / "metrics.json", m)
     return m

@@ -7,6 +7,8 @@ A sample's draws depend only on (seed, prompt_id, sample index): rerunning, or a
 other prompt's samples as they were."""
 from __future__ import annotations
 
+import math
+
 from collections import Counter
 
 import pyarrow as pa
@@ -22,9 +24,13 @@ KIND = "sft_sample"  # the `negative` of these pairs: the RM's metrics report th
 EXTRA_FIELDS = [pa.field("rejected_ids", pa.list_(pa.int32())), pa.field("truncated", pa.bool_())]
 
 
-def reference_answers(pairs: list[dict]) -> list[dict]:
+def reference_answers(pairs: list[dict], path: str) -> list[dict]:
     """One row per prompt_id, in prompt_id order: its first pair by pair id (a prompt with several pairs, e.g.
     several negatives or hub answers, has one reference answer)."""
+    for i, row in enumerate(pairs):
+        for c in ("id", "prompt_id", "prompt", "chosen"):
+            if row.get(c) is None or (isinstance(row[c], float) and math.isnan(row[c])):
+                raise ValueError(f"{path}: row {i}, column {c!r}: no value (null or NaN); fix or drop that row upstream")
     first: dict[str, dict] = {}
     for row in sorted(pairs, key=lambda r: (r["prompt_id"], r["id"])):
         first.setdefault(row["prompt_id"], row)

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
+import pyarrow.parquet as pq
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.common import read_json, torch_load
+from speedrun.common import read_json, require_values, torch_load
 from speedrun.engine import continuation_hidden, sequence_logprobs
 from speedrun.model import GPT, GPTConfig
 from speedrun.tokenizer import Tokenizer
@@ -140,6 +141,7 @@ def load_pairs(*paths: Path) -> pd.DataFrame:
         if missing:
             raise ValueError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
                              "the RM reads the pairs of dedup_prompts (data/prompts/pairs.parquet)")
+        require_values(pq.read_table(path, columns=list(REQUIRED_COLUMNS)), REQUIRED_COLUMNS, path)
         bad = ~df["split"].isin(["train", "eval"])
         if bad.any():
             i = int(bad.to_numpy().nonzero()[0][0])

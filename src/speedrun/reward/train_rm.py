@@ -6,40 +6,26 @@ whose rewards the diversity evaluation reads. Val accuracy is reported per pair 
 and beside the SFT model's own preference (log p(chosen) > log p(rejected)): does the trunk know the answers at all?"""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import seed_everything, stable_hash, write_json
+from speedrun.common import seed_everything, write_json
 from speedrun.reward import preference as pref
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.data import StepSampler
 from speedrun.train.distributed import Dist
-from speedrun.train.loop import TrainConfig, autocast, train
+from speedrun.config import RMConfig
+from speedrun.train.loop import autocast, train
 from speedrun.train.outputs import write_logs
 
 
-@dataclass(frozen=True)
-class RMRecipe:
-    """What the RM is trained on and how, besides the optimizer schedule (TrainConfig)."""
-    pool: str  # last | mean (preference.RewardModel)
-    train_kinds: str  # comma list of pair kinds trained on, or all
-    train_last_blocks: int  # trunk blocks trained from the top (0 = head only)
-    max_len: int  # prompt + response tokens
-    batch_size: int  # pairs per optimizer step, all processes together
-    micro_batch: int  # pairs per forward per process (0 = the whole share)
-    micro_tokens: int  # re-cut micro-batches to at most this many padded tokens (0 = off)
-    eval_pairs: int  # val pairs of the trained kinds per periodic eval (0 = all)
-    seed: int
-
-
-def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, recipe: RMRecipe, cfg: TrainConfig,
-                       d: Dist, scratch_dir: Path, out_dir: Path, metrics_path: Path) -> dict | None:
+def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, cfg: RMConfig, seed: int,
+                       d: Dist, scratch_dir: Path, out_dir: Path, metrics_path: Path, fingerprint: str) -> dict | None:
     """Train, keep the best checkpoint, score every val pair of every kind; the main process writes out_dir
     (model.pt, meta.json, log.csv, eval.csv) and the metrics JSON and returns the metrics (None elsewhere)."""
-    r = recipe
+    r = cfg
     if r.train_last_blocks < 0 or r.max_len <= pref.MIN_RESPONSE_TOKENS:
         raise ValueError(f"need train_last_blocks >= 0 and max_len > {pref.MIN_RESPONSE_TOKENS}")
     tok = tokenizer_lib.load(tokenizer_dir)
@@ -55,7 +41,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, r
     picked = sorted({i * n_val // r.eval_pairs for i in range(r.eval_pairs)}) if 0 < r.eval_pairs < n_val \
         else range(n_val)
     val_periodic = {k: [v[i] for i in picked] for k, v in val_trained.items()}
-    seed_everything(r.seed)
+    seed_everything(seed)
     gpt, init_meta = load_model(init_dir, d.device, tok.digest)
     if d.is_main:  # does the SFT model itself give the right answer a higher likelihood? (what its trunk knows)
         with autocast(d.device, cfg.bf16):
@@ -65,7 +51,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, r
     del gpt
     rm.max_len = r.max_len
     pref.freeze(rm, r.train_last_blocks)
-    sampler = StepSampler(len(train_pairs["id"]), r.batch_size, r.micro_batch, r.seed, "rm")
+    sampler = StepSampler(len(train_pairs["id"]), r.batch_size, r.micro_batch, seed, "rm")
     n_trained = sum(p.numel() for p in rm.parameters() if p.requires_grad)
     if d.is_main:
         print(f"rm: {len(train_pairs['id'])} train pairs of kinds {r.train_kinds} (left out: {not_trained}) / "
@@ -75,8 +61,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, r
               f"{d.world} process(es) on {d.device} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = train(rm, cfg, pref.pair_batch_fn(train_pairs, sampler, r.micro_tokens),
                    lambda m: pref.evaluate(m, val_periodic, 64, d.device)[0], d, scratch=scratch_dir,
-                   fingerprint=f"rm|{tok.digest}|{init_meta}|{stable_hash(*train_pairs['id'])}|{r.max_len}|"
-                               f"{r.train_last_blocks}|{r.seed}|{r.batch_size}|{r.pool}|{r.train_kinds}",
+                   fingerprint=fingerprint,
                    loss_fn=pref.bt_loss_sum, name="rm")
     if not d.is_main:
         return None

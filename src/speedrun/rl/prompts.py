@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from speedrun.config import DensityConfig
 from speedrun.rl.density import embed_prompts, prompt_weights
 from speedrun.tokenizer import Tokenizer
 
@@ -31,8 +32,8 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
     return df, ids
 
 
-def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], k: int, alpha: float,
-                     max_ratio: float, device: str, pooling: str = "idf") -> torch.Tensor:
+def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], density: DensityConfig,
+                     device: str) -> torch.Tensor:
     """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the SFT model's embedding
     space (isolated prompts drawn more often); uniform: equal weights. pooling: how embed_prompts pools
     the hidden states (idf: the question template's tokens, shared by most prompts, do not decide who
@@ -40,5 +41,6 @@ def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]],
     if variant == "uniform":
         return torch.full((len(ids),), 1.0 / len(ids), dtype=torch.float64)
     if variant == "density":
-        return prompt_weights(embed_prompts(model, ids, 64, device, pooling), k, alpha, max_ratio)
+        return prompt_weights(embed_prompts(model, ids, 64, device, density.pooling), density.k, density.alpha,
+                              density.max_ratio)
     raise ValueError(f"sampling must be density or uniform, not {variant!r}")

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from speedrun.common import check_finite, stable_seed
+from speedrun.config import GRPOConfig
 from speedrun.engine import Samples, generate, sequence_logprobs
 from speedrun.progress import Progress
 from speedrun.rl.grpo import group_advantages, masked_mean, token_loss, zero_std_fraction
@@ -23,30 +24,6 @@ from speedrun.train.loop import autocast
 DrawFn = Callable[[int, torch.Generator], torch.Tensor]
 # (prompts of the step, samples) -> rewards [B * G]
 RewardFn = Callable[[list[list[int]], Samples], torch.Tensor]
-
-
-@dataclass
-class GRPOConfig:
-    steps: int = 40
-    prompts_per_step: int = 8
-    group_size: int = 8
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    lr: float = 1e-4
-    beta: float = 0.04
-    clip_eps: float = 0.2
-    inner_updates: int = 1
-    adv_scale: str = "group"
-    grad_clip: float = 1.0
-    warmup_steps: int = 5
-    seed: int = 0
-    bf16: bool = False
-    reward_threshold: float = float("inf")  # stop once the step's mean reward reaches this
-    patience: int = 0  # stop after this many steps without the reward moving average improving (0 = never)
-    min_delta: float = 0.0
-    mask_truncated: bool = False  # completions that hit max_new_tokens without the stop token leave the loss
 
 
 @dataclass
@@ -86,7 +63,7 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
         # in its group's advantages but out of the gradient
         truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
             torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
-        loss_mask = s.mask * (~truncated)[:, None] if cfg.mask_truncated else s.mask
+        loss_mask = s.mask * (~truncated)[:, None] if cfg.truncated == "mask" else s.mask
         policy.train()
         stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
         for _ in range(cfg.inner_updates if loss_mask.any() else 0):  # every completion masked: no update

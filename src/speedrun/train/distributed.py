@@ -21,15 +21,9 @@ class Dist:
 
 
 def maybe_relaunch(nproc: int, module: str) -> None:
-    """With nproc > 1 and not yet under torchrun, re-exec this stage under torchrun (same flags)."""
+    """With nproc > 1 and not yet under torchrun, re-exec this stage under torchrun (same arguments)."""
     if nproc > 1 and "LOCAL_RANK" not in os.environ:
-        argv, rest = [], iter(sys.argv[1:])
-        for a in rest:  # drop our --nproc: torchrun's parser would take it for an abbreviation of its own flag
-            if a == "--nproc":
-                next(rest, None)
-            elif not a.startswith("--nproc="):
-                argv.append(a)
-        args = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
+        args = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *sys.argv[1:]]
         sys.stdout.flush()
         os.execvp(args[0], args)
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.common import check_finite, stable_hash
+from speedrun.config import TrainConfig
 from speedrun.progress import Progress
 from speedrun.train.checkpoint import load_resume, save_resume
 from speedrun.train.distributed import Dist, all_reduce_sum
@@ -29,30 +30,14 @@ LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # summ
 
 
 @dataclass
-class TrainConfig:
-    steps: int
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    final_lr_frac: float = 0.1  # lr decays linearly to this fraction of lr at the last step
-    grad_clip: float = 1.0
-    eval_every: int = 50
-    patience: int = 0  # evals without improvement > min_delta before stopping; 0 = never stop early
-    min_delta: float = 0.0
-    save_every: int = 0  # scratch checkpoint period in steps; 0 = none
-    bf16: bool = False  # autocast matmuls to bfloat16 (CUDA, or CPUs with bf16 units)
-    monitor: str = "val_loss"  # eval metric for early stopping (lower is better)
-    optimizer: str = "adamw"  # adamw | muon (Muon on the transformer blocks' matrices, AdamW on the rest)
-
-
-@dataclass
 class TrainResult:
     best_state: dict[str, torch.Tensor]
     best_eval: dict[str, float]
     steps_done: int
     stopped_early: bool
     tokens: int  # target tokens trained on
-    train_seconds: float
+    train_seconds: float  # of this process's steps (a resumed run: the resumed part)
+    timed_tokens: int  # target tokens of those steps: throughput = timed_tokens / train_seconds
     log: list[dict] = field(default_factory=list)  # per-step train rows
     evals: list[dict] = field(default_factory=list)  # per-eval rows
 
@@ -158,7 +143,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         return cfg.patience > 0 and bad_evals >= cfg.patience
 
     model.train()
-    stopped, train_seconds, step = False, 0.0, start
+    stopped, train_seconds, step, start_tokens = False, 0.0, start, tokens
     bar = Progress(cfg.steps, name, initial=start, enabled=None if d.is_main else False)
     if start == 0:
         stopped = run_eval(0)
@@ -207,6 +192,6 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
     trained = [e for e in evals if e["step"] > 0]
     if not trained:  # no step taken (steps 0): the model as it came
         return TrainResult(copy.deepcopy(model.state_dict()), evals[0] if evals else {}, step, stopped, tokens,
-                           train_seconds, log, evals)
+                           train_seconds, tokens - start_tokens, log, evals)
     best_eval = next(e for e in trained if e[cfg.monitor] == best)
-    return TrainResult(best_state, best_eval, step, stopped, tokens, train_seconds, log, evals)
+    return TrainResult(best_state, best_eval, step, stopped, tokens, train_seconds, tokens - start_tokens, log, evals)

@@ -22,7 +22,7 @@ def write_logs(out_dir: Path, result: TrainResult) -> None:
 
 
 def throughput(result: TrainResult, flops_per_token: float, peak_flops: float | None = None) -> dict[str, float]:
-    tps = result.tokens / max(result.train_seconds, 1e-9)
+    tps = result.timed_tokens / max(result.train_seconds, 1e-9)
     out = {"tokens_per_s": round(tps, 1), "model_tflops_per_s": round(tps * flops_per_token / 1e12, 5)}
     if peak_flops:
         out["mfu"] = round(tps * flops_per_token / peak_flops, 4)

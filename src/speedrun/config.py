@@ -1,0 +1,294 @@
+"""Every knob of the pipeline: its type, its range and one line of help. params.yaml holds every value, once; this
+file mirrors its layout (a dataclass per section) and speedrun.params loads and checks it. Fields marked `derived`
+are not knobs: the stage sets them from other knobs (bf16 from compute.dtype, a GRPO run's seed from its id)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def knob(help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+         lt: float | None = None) -> Any:
+    """A params.yaml key: no default here (params.yaml holds the value), a help line and an optional range."""
+    return field(metadata={"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt})
+
+
+def derived(default: Any) -> Any:
+    """A field the stage sets at run time, not read from params.yaml."""
+    return field(default=default, metadata={"derived": True})
+
+
+DTYPE_HELP = ("auto: bf16 autocast where the hardware has it (CUDA, CPUs with AVX512-BF16/AMX), else fp32 | fp32 | "
+              "bf16")
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    nproc: int = knob(">1: training stages run under torchrun --standalone --nproc_per_node N (DDP)", ge=1)
+    device: Literal["auto", "cpu", "cuda"] = knob("where to run")
+    dtype: Literal["auto", "fp32", "bf16"] = knob(DTYPE_HELP)
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    source: Literal["embedded", "hf"] = knob("embedded: stdlib docstrings of this Python | hf: a Hugging Face dataset")
+    val_frac: float = knob("val share of split units (modules / docs); embedded SFT and pairs use this split",
+                           ge=0, lt=1)
+    hf_path: str = knob("hf: hub id, or a local dir in the hub layout, or a .parquet/.jsonl file")
+    hf_name: str = knob("hf: dataset config name ('' = none)")
+    hf_split: str = knob("hf: split to stream")
+    text_column: str = knob("hf: column holding the document text")
+    max_docs: int = knob("documents to read at most (hf: rows streamed; embedded: an even stride of objects)", ge=1)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    vocab_size: int = knob("total vocabulary size, special tokens included", ge=260)
+    max_chars: int = knob("train on at most this many characters of the train split", ge=1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    depth: int = knob("transformer blocks", ge=1)
+    width: int = knob("model width (0 = 64 * depth)", ge=0)
+    head_dim: int = knob("attention head dimension", ge=1)
+    seq_len: int = knob("tokens per pretraining window (the model's context)", ge=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The optimizer schedule of pretrain, SFT and the reward models (speedrun.train.loop)."""
+    steps: int = knob("optimizer steps (at most)", ge=1)
+    lr: float = knob("peak learning rate", gt=0)
+    optimizer: Literal["adamw", "muon"] = knob("adamw, or muon: Muon on the blocks' matrices, AdamW on the rest")
+    weight_decay: float = knob("weight decay on matrices", ge=0)
+    warmup_steps: int = knob("linear warmup steps", ge=0)
+    final_lr_frac: float = knob("lr at the last step as a fraction of the peak", ge=0, le=1)
+    grad_clip: float = knob("max gradient norm", gt=0)
+    eval_every: int = knob("steps between val evaluations", ge=1)
+    patience: int = knob("evals without improvement before stopping (0 = off)", ge=0)
+    min_delta: float = knob("improvement of the monitored value that resets patience", ge=0)
+    save_every: int = knob("steps between scratch (resume) checkpoints (0 = off)", ge=0)
+    bf16: bool = derived(False)  # from compute.dtype and the device
+    monitor: str = derived("val_loss")  # the stage's eval metric for early stopping (lower is better)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PretrainConfig(TrainConfig):
+    batch_size: int = knob("windows per optimizer step, all processes together", ge=1)
+    micro_batch: int = knob("windows per forward per process (0 = the whole share)", ge=0)
+    eval_windows: int = knob("val windows per evaluation", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig(TrainConfig):
+    source: Literal["embedded", "hf"] = knob("embedded: questions about stdlib objects | hf: smoltalk-style messages")
+    per_object: int = knob("embedded: question templates per object (0 = all)", ge=0)
+    hf_path: str = knob("hf: hub id or a local dir in the hub layout")
+    hf_name: str = knob("hf: dataset config name ('' = none)")
+    hf_split: str = knob("hf: split to train on")
+    hf_val_split: str = knob("hf: split to validate on")
+    max_rows: int = knob("hf: rows to stream per split", ge=1)
+    max_len: int = knob("conversations are cut to this many tokens", ge=2)
+    batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
+    micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
+    micro_tokens: int = knob("re-cut micro-batches by length to at most this many padded tokens (0 = off)", ge=0)
+    eval_convs: int = knob("val conversations per evaluation", ge=1)
+
+
+@dataclass(frozen=True)
+class PairsConfig:
+    only: str = knob("comma list of the sources read: hh, uf, se, embedded")
+    limit_per_source: int = knob("rows read per source, in turn from each of its splits (0 = all); streamed", ge=0)
+    hh_path: str = knob("Anthropic/hh-rlhf: hub id or a local dir mirroring the hub layout")
+    uf_path: str = knob("HuggingFaceH4/ultrafeedback_binarized: hub id or a local mirror")
+    se_path: str = knob("HuggingFaceH4/stack-exchange-preferences: hub id or a local mirror")
+    se_data_dir: str = knob("one stack exchange site, e.g. data/apple.stackexchange.com ('' = all)")
+    se_max_pairs_per_question: int = knob("answer pairs kept per stack exchange question, widest pm_score gap "
+                                          "first", ge=1)
+    embedded_hard_frac: float = knob("share of embedded pairs whose negative comes from the same module", ge=0, le=1)
+    embedded_negatives: int = knob("embedded pairs per object: its answer against this many other answers", ge=1)
+
+
+@dataclass(frozen=True)
+class PromptsConfig:
+    eval_frac: float = knob("share of prompts held out for the diversity eval (stable hash); never trained on",
+                            ge=0, lt=1)
+    near_dup_threshold: float = knob("word-shingle Jaccard at or above which prompts merge into the earliest",
+                                     gt=0, le=1)
+    shingle_size: int = knob("words per shingle for near-duplicate detection", ge=1)
+
+
+@dataclass(frozen=True)
+class OnpolicyConfig:
+    samples_per_prompt: int = knob("K SFT samples per prompt, each the rejected side of a pair (0 = none)", ge=0)
+    max_new_tokens: int = knob("completion token budget", ge=1)
+    temperature: float = knob("sampling temperature", gt=0)
+    top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
+    max_prompt_len: int = knob("prompts cut to their last N tokens for sampling (as GRPO does)", ge=1)
+    batch_prompts: int = knob("prompts per engine call (K rows each)", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RMConfig(TrainConfig):
+    """The preference reward model (speedrun.reward.train_rm)."""
+    train_kinds: str = knob("comma list of pair kinds trained on (sft_sample, hard, random, hh, uf, se) or all; "
+                            "every kind of the validation split is scored")
+    pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "
+                                         "response")
+    train_last_blocks: int = knob("trunk blocks trained with the head, from the top (0 = head only)", ge=0)
+    max_len: int = knob("prompt + response tokens (the response's last kept)", ge=9)
+    batch_size: int = knob("pairs per optimizer step, all processes together", ge=1)
+    micro_batch: int = knob("pairs per forward per process (0 = the whole share)", ge=0)
+    micro_tokens: int = knob("re-cut micro-batches by length to at most this many padded tokens (0 = off)", ge=0)
+    eval_pairs: int = knob("val pairs of the trained kinds per periodic eval, evenly spaced (0 = all); the final "
+                           "metrics score every val pair", ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRPOConfig:
+    """The GRPO loop shared by the preference track and the adversarial cycles (speedrun.rl.trainer)."""
+    steps: int = knob("GRPO steps (at most)", ge=1)
+    prompts_per_step: int = knob("B: prompts drawn per step", ge=1)
+    group_size: int = knob("G: completions sampled per prompt", ge=2)
+    lr: float = knob("learning rate", gt=0)
+    warmup_steps: int = knob("linear warmup steps", ge=0)
+    clip_eps: float = knob("PPO-style ratio clip", gt=0)
+    inner_updates: int = knob("mu: gradient passes over each sampled batch", ge=1)
+    adv_scale: Literal["group", "batch", "none"] = knob("advantage scale: group std | batch std | none (Dr. GRPO)")
+    grad_clip: float = knob("max gradient norm", gt=0)
+    top_k: int = knob("top-k sampling (0 = off)", ge=0)
+    top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
+    temperature: float = derived(1.0)  # GRPO's sampling temperature (a knob of each track)
+    max_new_tokens: int = derived(1)  # completion budget (a knob of each track)
+    truncated: str = derived("keep")  # keep | mask: completions that hit max_new_tokens without the stop token
+    reward_threshold: float = derived(float("inf"))  # stop once a step's mean reward reaches this
+    patience: int = derived(0)  # stop after this many steps without the reward moving average improving (0 = off)
+    min_delta: float = derived(0.0)
+    beta: float = derived(0.0)  # the top-level beta
+    seed: int = derived(0)
+    bf16: bool = derived(False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptGRPOConfig(GRPOConfig):
+    """A GRPO run of the preference track (stage grpo)."""
+    temperature: float = knob("sampling temperature", gt=0)
+    max_new_tokens: int = knob("completion token budget", ge=1)
+    max_prompt_len: int = knob("prompts are cut to their last N tokens", ge=1)
+    truncated: Literal["keep", "mask"] = knob("completions that hit max_new_tokens without the stop token: keep (in "
+                                              "the loss) | mask (out of the loss, still in their group's advantages)")
+
+
+@dataclass(frozen=True)
+class DensityConfig:
+    """Density-aware prompt weights (speedrun.rl.density): w ∝ (mean distance to the k nearest prompts)^alpha."""
+    k: int = knob("neighbours for the density estimate", ge=1)
+    alpha: float = knob("weight ∝ distance^alpha (0 = uniform)", ge=0)
+    max_ratio: float = knob("max/min weight ratio after clipping", ge=1)
+    pooling: Literal["idf", "mean"] = knob("prompt embedding: idf-weighted mean of the SFT hidden states (template "
+                                           "tokens shared by most prompts weigh ~0) | plain mean")
+
+
+@dataclass(frozen=True)
+class Variant:
+    sampling: Literal["density", "uniform"] = knob("how the variant draws its prompts")
+
+
+@dataclass(frozen=True)
+class GRPOSection:
+    seeds: list[int] = knob("GRPO training seeds: every variant is trained once per seed (policy sampling, prompt "
+                            "draws)")
+    variants: dict[str, Variant] = knob("same SFT model, RM and budget; only the prompt sampling differs")
+    train: PromptGRPOConfig = knob("every run's GRPO settings")
+    density: DensityConfig = knob("the density-aware weights")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    comparisons: str = knob("comma list of a:b variant pairs; the report tests a - b over the training seeds")
+    primary: str = knob("comma list of the primary diversity outcomes (Holm); the rest are secondary")
+    reward_margin: float = knob("non-inferiority margin of the reward (standardised RM units) on the 95% interval",
+                                ge=0)
+    max_prompts: int = knob("held-out prompts used, the first N by prompt_id (0 = all)", ge=0)
+    max_prompt_len: int = knob("prompts are cut to their last N tokens", ge=1)
+    samples_per_prompt: int = knob("completions per prompt and sampling seed", ge=1)
+    seeds: int = knob("sampling seeds", ge=1)
+    max_new_tokens: int = knob("completion token budget", ge=1)
+    temperature: float = knob("sampling temperature (the same for every model)", gt=0)
+    top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
+    n_boot: int = knob("bootstrap draws for the intervals", ge=100)
+
+
+@dataclass(frozen=True)
+class Cycle:
+    prev: int = knob("the policy this cycle starts from (0 = the pretrained model)", ge=0)
+    init: str = knob("that policy's checkpoint dir (DVC templates cannot compute it from prev)")
+
+
+@dataclass(frozen=True)
+class AdvDataConfig:
+    train_rows: int = knob("train windows, K uniform in [0, N]", ge=1)
+    val_rows: int = knob("val windows, K uniform in [0, N]", ge=1)
+    val_pure_rows: int = knob("extra val windows, half K = N, half K = 0: the pure natural vs generated AUC", ge=0)
+    batch_size: int = knob("rows per engine call", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscConfig(TrainConfig):
+    """The discriminator of a cycle (speedrun.adversarial.train_disc)."""
+    head: Literal["token", "pooled"] = knob("token: per-token BCE, the mean estimates K/N | pooled: the last token's "
+                                            "two-way head")
+    train_last_blocks: int = knob("trunk blocks trained with the head (0 = frozen trunk, cached activations)", ge=0)
+    batch_size: int = knob("windows per step", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvGRPOConfig(GRPOConfig):
+    """GRPO of a cycle against its frozen discriminator (stage adv_grpo)."""
+    prompts: int = knob("natural prefixes of random length in [1, N/2] from the train split", ge=1)
+    reward: Literal["prob", "logit"] = knob("prob: mean P(natural) of the completion | logit: mean log D/(1-D)")
+    reward_threshold: float = knob("stop once a step's mean P(natural) reaches this", gt=0, lt=1)
+    patience: int = knob("or once the reward's moving average stops improving by min_delta for this many steps "
+                         "(0 = off)", ge=0)
+    min_delta: float = knob("improvement of the moving average that resets patience", ge=0)
+
+
+@dataclass(frozen=True)
+class AdvEvalConfig:
+    prompts: int = knob("held-out val prefixes completed by every policy, scored by every discriminator", ge=1)
+    bpb_windows: int = knob("val windows of the bits-per-byte (the first ones, as pretrain)", ge=1)
+    bpb_bound: float = knob("allowed val bits-per-byte increase per cycle (the KL anchor's job)", ge=0)
+    samples_shown: int = knob("sample completions per policy in the markdown", ge=0)
+
+
+@dataclass(frozen=True)
+class AdversarialConfig:
+    cycles: dict[str, Cycle] = knob("cycle i: a discriminator learns which tokens policy prev generated, then GRPO "
+                                    "tunes policy prev to fool it -> policy i")
+    seq_len: int = knob("N: tokens per window, K natural then N - K generated; GRPO prefix + completion", ge=4)
+    temperature: float = knob("sampling temperature of the generated tokens (adv_data, adv_grpo, adv_eval)", gt=0)
+    data: AdvDataConfig = knob("the discriminator's windows")
+    rm: DiscConfig = knob("the discriminator")
+    grpo: AdvGRPOConfig = knob("the policy's GRPO")
+    eval: AdvEvalConfig = knob("adv_eval")
+
+
+@dataclass(frozen=True)
+class Params:
+    """params.yaml."""
+    seed: int = knob("seed of what the stages draw (init, data order, sampling); GRPO runs use grpo.seeds")
+    beta: float = knob("GRPO KL coefficient (k3) to the reference policy, both tracks", ge=0)
+    compute: ComputeConfig = knob("devices")
+    corpus: CorpusConfig = knob("pretraining corpus")
+    tokenizer: TokenizerConfig = knob("BPE tokenizer")
+    model: ModelConfig = knob("GPT shape")
+    pretrain: PretrainConfig = knob("pretraining")
+    sft: SFTConfig = knob("supervised fine-tuning")
+    pairs: PairsConfig = knob("preference pairs")
+    prompts: PromptsConfig = knob("prompt dedup and the held-out split")
+    onpolicy: OnpolicyConfig = knob("the SFT model's own answers as rejected responses")
+    rm: RMConfig = knob("reward model")
+    grpo: GRPOSection = knob("GRPO runs: variants x seeds")
+    eval: EvalConfig = knob("diversity evaluation")
+    adversarial: AdversarialConfig = knob("adversarial cycles")
