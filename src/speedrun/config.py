@@ -217,7 +217,7 @@ class EvalConfig:
     max_new_tokens: int = knob("completion token budget", ge=1)
     temperature: float = knob("sampling temperature (the same for every model)", gt=0)
     top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
-    n_boot: int = knob("bootstrap draws for the intervals", ge=100)
+    n_boot: int = knob("bootstrap draws for the intervals", ge=1)
 
 
 @dataclass(frozen=True)
