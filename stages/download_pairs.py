@@ -7,7 +7,7 @@ from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se, pairs_uf
 from speedrun.data.docstrings import load_objects
 from speedrun.stage import run_stage
 
-READS = ("pairs", "corpus.val_frac")
+READS = ("pairs", "corpus.val_frac", "prompts.eval_frac")
 PATHS = {"objects": "data/corpus/objects.parquet", "out_dir": "data/pairs"}
 
 
@@ -23,7 +23,8 @@ def main(p, io) -> None:
         "uf": lambda: pairs_uf.source(c.uf_path),
         "se": lambda: pairs_se.source(c.se_path, c.se_max_pairs_per_question, c.se_data_dir or None),
         "embedded": lambda: pairs_embedded.source(load_objects(io.objects), c.embedded_hard_frac,
-                                                  p.corpus.val_frac, negatives=c.embedded_negatives),
+                                                  p.corpus.val_frac, p.prompts.eval_frac,
+                                                  negatives=c.embedded_negatives),
     }
     chosen = [s for s in pairs.SOURCES if s in wanted]  # fixed order: hh, uf, se, embedded
     stats = pairs.build({s: make[s]() for s in chosen}, io.out_dir / "pairs.parquet", c.limit_per_source)

@@ -1,5 +1,8 @@
 """Stage eval_diversity: sample the SFT model and every GRPO run (grpo.variants x grpo.seeds) on the held-out
-prompts (same seeds, same sampler), score them, compare the variants over their training seeds, write the report."""
+prompts (same seeds, same sampler), score them, compare the variants over their training seeds, write the report.
+
+Before the comparison: the temperature control (can each primary metric see diversity? one that cannot is dropped
+from the primary list). Beside it: the gold-checked task on the held-out modules (pass@1, pass@k, coverage)."""
 from pathlib import Path
 
 import pandas as pd
@@ -7,16 +10,24 @@ import torch
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, read_json, write_json, write_parquet
+from speedrun.data.docstrings import load_objects
+from speedrun.data.gold import distractor_pool, gold_items
+from speedrun.eval import diversity as dv
 from speedrun.eval.compare import evaluate, flat_metrics
+from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
+                                    power_table, temperature_ordering)
 from speedrun.eval.report import write_report
+from speedrun.eval.task import compare_task, sample_task, task_section
+from speedrun.reward.onpolicy import reference_answers
 from speedrun.eval.sampling import run_name, sample_models
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
 from speedrun.stage import run_stage
 
-READS = ("seed", "compute.device", "eval", "grpo.variants", "grpo.seeds")
+READS = ("seed", "compute.device", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.variants", "grpo.seeds")
 PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
+         "corpus_train": "data/corpus/train.parquet", "objects": "data/corpus/objects.parquet",
          "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
          "samples_out": "outs/eval/samples.parquet", "result_out": "outs/eval/result.json",
          "metrics": "reports/metrics/diversity.json", "report": "reports/report.md", "fig_dir": "reports/figures"}
@@ -52,31 +63,86 @@ def main(p, io) -> None:
     dev = pick_device(p.compute.device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "eval", c.max_prompt_len)
-    order = df.sort_values("prompt_id").index[: c.max_prompts or None]
+    # a held-out prompt whose reference answer is also some trained prompt's answer (the stdlib ships copies of a
+    # few modules) is not held out: left out, and counted in the report
+    pairs = pd.read_parquet(io.pairs, columns=["id", "prompt_id", "prompt", "split", "chosen"])
+    trained = set(pairs.loc[pairs["split"] != "eval", "chosen"])
+    refs = {r["prompt_id"]: r["chosen"] for r in reference_answers(pairs.to_dict("records"), str(io.pairs))}
+    keep = df["prompt_id"].map(lambda pid: refs[pid] not in trained)
+    order = df[keep].sort_values("prompt_id").index[: c.max_prompts or None]
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
     rm = RewardModel.load(io.rm_dir, dev, tok.digest)
+    vocab = dv.ngram_vocab(pd.read_parquet(io.corpus_train, columns=["text"])["text"].tolist())  # EAD's fixed V
+    configured = [x for x in c.primary.split(",") if x]
+
+    # the temperature control first: which primaries can see diversity at all
+    temps = {f"sft@T{t:g}": t for t in c.control_temperatures}
+    control_samples = pd.concat([sample_models({name: io.sft_dir}, tok, rm, df, ids, None, c.seeds,
+                                               c.samples_per_prompt, c.max_new_tokens, t, c.top_p, p.seed, dev)
+                                 for name, t in temps.items()], ignore_index=True)
+    control = temperature_ordering(control_samples, temps, configured + [m for m in ("ead_1", "distinct_2",
+                                   "self_bleu", "within_self_bleu", "word_gini") if m not in configured], vocab, p.seed)
+    primary = [m for m in configured if control["metrics"][m]["passes"]]
+    if not primary:
+        raise SystemExit(f"eval: no primary metric of {configured} orders the control temperatures "
+                         f"{c.control_temperatures} (Spearman >= {control['min_rho']}): nothing to test")
+
     models = {"sft": io.sft_dir} | {run_name(v, s): io.runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
     samples = sample_models(models, tok, rm, df, ids, io.pairs, c.seeds, c.samples_per_prompt, c.max_new_tokens,
                             c.temperature, c.top_p, p.seed, dev)
     write_parquet(io.samples_out, samples)
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
-    result = evaluate(samples, variants, pairs_list, reference="sft", primary=[x for x in c.primary.split(",") if x],
-                      reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed)
+    result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
+                      reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab)
+
+    all_items = gold_items(load_objects(io.objects), p.corpus.val_frac, p.prompts.eval_frac)
+    items = [i for i in all_items if i.split == "eval"]
+    if not items:
+        raise SystemExit(f"eval: {io.objects} has no gold-task item in the held-out modules (prompts.eval_frac)")
+    answers = sample_task(models, tok, items, distractor_pool(all_items), c.task_samples, c.task_max_new_tokens, c.temperature, c.top_p,
+                          p.seed, dev)
+    task = compare_task(answers, variants, pairs_list, "sft", c.task_margin, c.n_boot, p.seed)
+    first = result["comparisons"][0]
+    power = power_table(result, first, first["b"]) if first["seed_variance"] else {}
+    frames = {v: {s: pd.read_parquet(io.runs_dir / f"{v}_s{s}" / "weights.parquet") for s in seeds_trained}
+              for v in sampling}
+    manipulation = manipulation_check(frames, first["a"], first["b"])
+    result |= {"temperature_control": control, "configured_primary": configured, "task": task, "power": power,
+               "manipulation": manipulation}
     write_json(io.result_out, result)
-    write_json(io.metrics, flat_metrics(result))
+    flat = flat_metrics(result)
+    for m, v in task["values"].items():
+        flat[m] |= {f"task_{k}": x for k, x in v.items()}
+    flat[f"{first['a']}_vs_{first['b']}"] |= {
+        f"manipulation_{k}": v for k, v in manipulation.items() if isinstance(v, (int, float))}
+    for name, d in power.items():
+        if d["mde_share"] is not None:
+            flat[f"{first['a']}_vs_{first['b']}"] |= {f"mde_share_{name}": d["mde_share"]}
+    for v, d in task["vs_reference"].items():
+        flat[f"{v}_vs_sft"] |= {f"task_{k}{s}": d[k][key] for k in task["metrics"]
+                                for s, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))}
+    write_json(io.metrics, flat)
     logs, weights = {}, {}
     for v in sampling:
         for s in seeds_trained:
             logs[run_name(v, s)] = pd.read_csv(io.runs_dir / f"{v}_s{s}" / "log.csv")
-        w = pd.read_parquet(io.runs_dir / f"{v}_s{seeds_trained[0]}" / "weights.parquet")  # same for every seed
+        w = frames[v][seeds_trained[0]]  # the same weights for every seed
         weights[v] = group_shares(torch.tensor(w["weight"].to_numpy()), w["group"].tolist())
     setup = {"models": {k: str(v) for k, v in models.items()}, "eval prompts": len(df), "seeds": c.seeds,
              "samples per prompt": c.samples_per_prompt,
              "sampler": f"temperature {c.temperature}, top-p {c.top_p}, max {c.max_new_tokens} new tokens",
-             "bootstrap draws": c.n_boot, "reward model": rm_summary(io.rm_dir)}
-    extra = ["## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
-    md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra)
-    print("eval: " + "\n".join(line for line in md.splitlines()[2:2 + len(pairs_list)]))
+             "bootstrap draws": c.n_boot, "reward model": rm_summary(io.rm_dir),
+             "held-out split": ("by top-level module: the eval prompts' modules (prompts.eval_frac of the pretrained "
+                                "modules) appear in no post-training stage's data (SFT, pairs, on-policy samples, RM, "
+                                "GRPO); SFT and the RM pick checkpoints on the corpus's val modules; "
+                                f"{int((~keep).sum())} eval prompts left out because their reference answer is also a "
+                                "trained prompt's answer")}
+    lead = [manipulation_section(manipulation, first["a"], first["b"]), ordering_section(control, configured, primary),
+            power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE."]
+    extra = [task_section(task, "sft"), "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
+    md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra,
+                      lead_sections=lead)
+    print("eval: " + "\n".join(line for line in md.splitlines() if line.startswith("**") and " vs " in line))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def main(p, io, variant: str, seed: int) -> None:
     result = grpo_train(policy, ref, ids, draw,
                         lambda batch, s: score_samples(rm, batch, s, tok.bos_id, standardise=True), cfg, dev,
                         tok.assistant_end_id, tok.bos_id, extra_stats=lambda idx: {"weight_ess": ess},
-                        name=f"grpo_{variant}_s{seed}")
+                        name=f"grpo_{variant}_s{seed}", stream="grpo")  # every variant: the same random numbers
     log = pd.DataFrame(result.log)
     groups = df["group"].tolist()
     shares_w = group_shares(weights, groups)

@@ -1,6 +1,7 @@
 """Stage onpolicy_pairs: the SFT model's own answers as rejected responses -> data/onpolicy/{pairs.parquet,
-stats.json}. For every prompt of data/prompts/pairs.parquet (both splits, so held-out prompts stay held out):
-K samples, each a pair with chosen = the prompt's reference answer, kind sft_sample; K = 0 writes an empty file."""
+stats.json}. For every train and val prompt of data/prompts/pairs.parquet (the RM trains on the first, picks its checkpoint on
+the second; the evaluation's prompts are never sampled here): K samples, each a pair with chosen = the prompt's
+reference answer, kind sft_sample; K = 0 writes an empty file."""
 import pyarrow.parquet as pq
 
 from speedrun import tokenizer as tokenizer_lib
@@ -17,7 +18,7 @@ PATHS = {"pairs": "data/prompts/pairs.parquet", "sft_dir": "outs/sft", "tokenize
 def main(p, io) -> None:
     c = p.onpolicy
     table = pq.read_table(io.pairs)
-    refs = onpolicy.reference_answers(table.to_pylist(), str(io.pairs))
+    refs = [r for r in onpolicy.reference_answers(table.to_pylist(), str(io.pairs)) if r["split"] != "eval"]
     if not refs:
         raise ValueError(f"{io.pairs}: no pairs, so no prompts to sample answers for")
     rows, stats = [], {"prompts": len(refs), "samples_per_prompt": 0, "pairs": 0}

@@ -10,7 +10,7 @@ from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.loop import train
 from speedrun.train.outputs import sample_texts, throughput, write_logs
 
-READS = ("seed", "corpus.val_frac", "compute", "sft")
+READS = ("seed", "corpus.val_frac", "prompts.eval_frac", "compute", "sft")
 PATHS = {"init_dir": "outs/pretrain", "tokenizer_dir": "outs/tokenizer", "objects": "data/corpus/objects.parquet",
          "scratch_dir": "scratch/sft", "out_dir": "outs/sft", "metrics": "reports/metrics/sft.json"}
 
@@ -22,7 +22,8 @@ def main(p, io) -> None:
     tok = tokenizer_lib.load(io.tokenizer_dir)
     skipped: dict[str, int] = {}
     if c.source == "embedded":
-        convs = sft_data.embedded_conversations(io.objects, p.corpus.val_frac, p.seed, c.per_object, skipped)
+        convs = sft_data.embedded_conversations(io.objects, p.corpus.val_frac, p.prompts.eval_frac, p.seed,
+                                                c.per_object, c.gold_per_item, skipped)
     else:
         train_convs, skipped = sft_data.hf_conversations(c.hf_path, c.hf_name or None, c.hf_split, c.max_rows)
         val_convs, val_skipped = sft_data.hf_conversations(c.hf_path, c.hf_name or None, c.hf_val_split, c.eval_convs)

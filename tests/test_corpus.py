@@ -98,7 +98,7 @@ def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
     monkeypatch.setattr(docstrings, "collect", unreadable)
     monkeypatch.setattr(docstrings, "stdlib_dir", unreadable)
     sft.embedded_qa.cache_clear()
-    convs = sft.embedded_conversations(objects_file, 0.1, seed=0, per_object=1)
+    convs = sft.embedded_conversations(objects_file, 0.1, 0.1, seed=0, per_object=1)
     assert len(convs["train"]) > 1000
     call_stage("download_pairs", "-S", "pairs.only=embedded", "-S", "pairs.limit_per_source=100", "--objects",
                objects_file, "--out-dir", tmp_path / "pairs")

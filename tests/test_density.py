@@ -142,6 +142,24 @@ def test_draw_prompts():
     assert sorted(u.tolist()) == list(range(10))
 
 
+def test_draws_of_two_arms_with_one_stream_are_coupled():
+    """The same generator state: identical draws under identical weights, mostly shared ones under close weights,
+    and no more overlap than chance under independent streams."""
+    w = torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
+    close = w * (1 + 0.1 * torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+
+    def overlap(wa, wb, same_stream: bool) -> float:
+        shared = 0
+        for step in range(50):
+            a = draw_prompts(wa, 8, torch.Generator().manual_seed(step))
+            b = draw_prompts(wb, 8, torch.Generator().manual_seed(step if same_stream else 1000 + step))
+            shared += len(set(a.tolist()) & set(b.tolist()))
+        return shared / (50 * 8)
+
+    assert overlap(w, w, True) == 1.0
+    assert overlap(w, close, True) > 0.5 > 0.1 > overlap(w, close, False)
+
+
 def test_embed_prompts_real_gpt():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, depth=1, n_embd=32, head_dim=16))

@@ -41,8 +41,8 @@ def test_stage_schema_ids_and_byte_identical_rerun(tiny_corpus, rm_inputs, onpol
     assert [got.field(n).type for n in src.names] == [src.field(n).type for n in src.names]
     df, ref = pd.read_parquet(tmp_path / "a/pairs.parquet"), pd.read_parquet(root / "pairs.parquet")
     stats = json.loads((tmp_path / "a/stats.json").read_text())
-    n_prompts = ref["prompt_id"].nunique()
-    assert stats["prompts"] == n_prompts
+    n_prompts = ref.loc[ref["split"] != "eval", "prompt_id"].nunique()  # the evaluation's prompts are never sampled
+    assert stats["prompts"] == n_prompts and "eval" not in set(df["split"]) and (ref["split"] == "eval").any()
     assert stats["pairs"] + stats["skipped"]["sample_equals_reference"] == 2 * n_prompts
     assert set(df["negative"]) == {onpolicy.KIND} and df["id"].is_unique
     # same prompt ids and splits as dedup's pairs; chosen = the prompt's reference answer
@@ -107,7 +107,7 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
     assert set(only["by_kind"]) == set(m["by_kind"]) and only["val_pairs"] == m["val_pairs"]
     proc = subprocess.run([sys.executable, "-m", "stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "none"),
                            "-S", "rm.train_kinds=uf"], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode != 0 and "no usable 'train' and 'eval' pairs of kinds 'uf'" in proc.stderr
+    assert proc.returncode != 0 and "no usable 'train' and 'val' pairs of kinds 'uf'" in proc.stderr
 
 
 def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import yaml
 
 from conftest import dvc, git, make_pipeline_repo, set_params
@@ -27,6 +28,9 @@ MICRO_DAG = {
     "grpo.train.max_new_tokens": 8,
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
     "eval.n_boot": 20, "grpo.seeds": [1, 2],  # two seeds: the smallest verdict; the test adds a third
+    "eval.control_temperatures": [0.05, 5.0],  # extreme: a micro model must still order them
+    "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
+    "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
     "adversarial.data.val_pure_rows": 4, "adversarial.data.batch_size": 16, "adversarial.rm.steps": 4,
     "adversarial.rm.batch_size": 4, "adversarial.rm.eval_every": 2, "adversarial.grpo.prompts": 8,
@@ -53,6 +57,43 @@ def test_tokenizer_stages_cache_and_rerun(tmp_path):
     assert "Running stage 'tokenizer'" in out and "Running stage 'corpus'" not in out
 
 
+def assert_held_out(repo) -> None:
+    """On the run's own artifacts: no evaluation prompt, nor its module, nor a gold-task item of the evaluation,
+    reaches SFT, the pairs the RM trains and validates on, the on-policy samples, or a GRPO run's prompt pool."""
+    from speedrun import params
+    from speedrun.data import gold, sft
+    from speedrun.data.docstrings import heldout_split, load_objects
+    p = params.load(repo / "params.yaml")
+    prompts = pd.read_parquet(repo / "data/prompts/prompts.parquet")
+    pairs = pd.read_parquet(repo / "data/prompts/pairs.parquet")
+    eval_ids = set(prompts.loc[prompts["split"] == "eval", "prompt_id"])
+    text = lambda msgs: msgs[-1]["content"]  # noqa: E731
+    eval_texts = set(prompts.loc[prompts["split"] == "eval", "prompt"].map(text))
+    assert eval_ids and len(eval_ids) < len(prompts)
+    objects = repo / "data/corpus/objects.parquet"
+    convs = sft.embedded_conversations(objects, p.corpus.val_frac, p.prompts.eval_frac, p.seed, p.sft.per_object,
+                                       p.sft.gold_per_item)
+    sft_questions = {c[0]["content"] for split in convs.values() for c in split}
+    assert sft_questions and not sft_questions & eval_texts
+    items = gold.gold_items(load_objects(objects), p.corpus.val_frac, p.prompts.eval_frac)
+    assert any(i.split == "eval" for i in items)
+    # no SFT question, gold-task options included, names a module (or a member of one) that is held out
+    eval_tops = {o.top for o in load_objects(objects) if o.kind != "topic"
+                 and heldout_split(o.top, p.corpus.val_frac, p.prompts.eval_frac) == "eval"}
+    named = [q for q in sft_questions if "topic" not in q  # pydoc topics share names with modules (`types`)
+             for t in eval_tops if f"`{t}`" in q or f"`{t}." in q]
+    assert eval_tops and not named, named[:3]
+    # the modules of the eval prompts are in no trained pair
+    trained = pairs[pairs["split"] != "eval"]
+    eval_groups = set(pairs.loc[pairs["split"] == "eval", "group"]) - {"pydoc_topics"}
+    assert not eval_groups & set(trained["group"]) and not eval_ids & set(trained["prompt_id"])
+    onpolicy = pd.read_parquet(repo / "data/onpolicy/pairs.parquet")
+    assert not eval_ids & set(onpolicy["prompt_id"])
+    for run in (repo / "outs/grpo").iterdir():
+        pool = set(pd.read_parquet(run / "weights.parquet")["prompt_id"])
+        assert pool and pool <= set(prompts.loc[prompts["split"] == "train", "prompt_id"]), run
+
+
 def ran(out: str) -> set[str]:
     return {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
 
@@ -70,6 +111,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
     assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik"}
     report = (repo / "reports/report.md").read_text()
     assert "**density vs baseline** (2 vs 2 GRPO training seeds)" in report and "Holm" in report
+    assert "temperature control" in report and "Task performance (gold-checked)" in report
+    assert {"task_pass@1", "task_coverage@2"} <= set(diversity["sft"])
+    assert_held_out(repo)
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()

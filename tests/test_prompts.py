@@ -83,7 +83,7 @@ def test_stage_outputs(tmp_path):
     trip = uniq[uniq["n_pairs"] == 4].iloc[0]
     assert list(trip["srcs"]) == ["hh", "se", "uf"] and trip["n_variants"] == 2
     assert trip["prompt_id"] == min(prompts.prompt_id(user(LONG)), prompts.prompt_id(user(LONG.replace("trip", "journey"))))
-    assert set(uniq["split"]) <= {"train", "eval"}
+    assert set(uniq["split"]) <= {"train", "val", "eval"}
     assert stats["eval_prompts"] == int((uniq["split"] == "eval").sum())
     assert sorted(uniq.loc[uniq["srcs"].map(lambda s: "embedded" in s), "group"]) == ["json", "json", "typing", "typing"]
     assert set(uniq.loc[uniq["srcs"].map(lambda s: "embedded" not in s), "group"]) <= {"hh", "uf"}
@@ -109,9 +109,9 @@ def test_stage_is_byte_identical_and_row_order_free(tmp_path):
         assert (tmp_path / "a/prompts" / name).read_bytes() == (tmp_path / "b/prompts" / name).read_bytes(), name
 
 
-def test_eval_split_is_a_stable_fraction():
+def test_hub_prompt_split_is_a_stable_fraction():
     ids = [prompts.prompt_id(user(f"question {i}")) for i in range(4000)]
-    frac = sum(prompts.eval_split(i, 0.1) == "eval" for i in ids) / len(ids)
-    assert 0.08 < frac < 0.12
-    assert [prompts.eval_split(i, 0.1) for i in ids[:50]] == [prompts.eval_split(i, 0.1) for i in ids[:50]]
-    assert all(prompts.eval_split(i, 0.0) == "train" for i in ids)
+    splits = [prompts.hash_split(i, 0.1, 0.1) for i in ids]
+    assert 0.08 < splits.count("eval") / len(ids) < 0.12 and 0.07 < splits.count("val") / len(ids) < 0.11
+    assert [prompts.hash_split(i, 0.1, 0.1) for i in ids[:50]] == splits[:50]
+    assert all(prompts.hash_split(i, 0.0, 0.0) == "train" for i in ids)

@@ -188,8 +188,9 @@ def rm_inputs(tiny_corpus, tmp_path_factory):
         src = stdlib_dir() / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, lib / name)
     objs, _ = collect(lib)
-    pairs_lib.build({"embedded": pairs_embedded.source(objs, 0.5, 0.1)}, root / "raw.parquet")
-    _, with_split, _, _ = prompts.build(pq.read_table(root / "raw.parquet"), 0.3, 0.8)
+    # val_frac 0.17, eval_frac 0.2: abc and datetime are val modules, csv the eval module, the rest train
+    pairs_lib.build({"embedded": pairs_embedded.source(objs, 0.5, 0.17, 0.2)}, root / "raw.parquet")
+    _, with_split, _, _ = prompts.build(pq.read_table(root / "raw.parquet"), 0.17, 0.2, 0.8)
     write_table(root / "pairs.parquet", with_split)
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
     config = GPTConfig(vocab_size=tok.vocab_size, depth=2, n_embd=32, head_dim=16, seq_len=64)
@@ -208,13 +209,16 @@ def rm_args(tiny_corpus, root, out, *extra, more_pairs=()):
             *extra]
 
 
-def test_eval_split_pairs_never_reach_training_batches(rm_inputs):
+def test_val_and_eval_split_pairs_never_reach_training_batches(rm_inputs):
     root, tok = rm_inputs
     df = pref.load_pairs(root / "pairs.parquet")
+    assert set(df["split"]) == {"train", "val", "eval"}
     split = pref.split_pairs(df, tok, 96)
-    train_pairs, val = split["train"][0], split["eval"][0]
-    assert len(val["id"]) >= 10 and len(train_pairs["id"]) >= 50
-    eval_rows = {tuple(r) for r in val["chosen"] + val["rejected"]}
+    assert set(split) == {"train", "val"}  # the evaluation's pairs are not even rendered
+    train_pairs, val = split["train"][0], split["val"][0]
+    held_out = pref.render_pairs(df[df["split"] == "eval"], tok, 96)[0]
+    assert len(val["id"]) >= 10 and len(train_pairs["id"]) >= 50 and len(held_out["id"]) >= 5
+    eval_rows = {tuple(r) for r in val["chosen"] + val["rejected"] + held_out["chosen"] + held_out["rejected"]}
     train_rows = {tuple(r) for r in train_pairs["chosen"] + train_pairs["rejected"]}
     sampler = StepSampler(len(train_pairs["id"]), 8, 3, seed=0, salt="rm")
     batch_fn = pref.pair_batch_fn(train_pairs, sampler, micro_tokens=256)  # the stage re-cuts by length
@@ -225,13 +229,13 @@ def test_eval_split_pairs_never_reach_training_batches(rm_inputs):
             for row in x.tolist():
                 seen.add(tuple(t for t in row if t >= 0))
     assert seen == train_rows and not seen & eval_rows
-    assert set(df.loc[df["split"] == "eval", "prompt"].map(lambda p: p[0]["content"])).isdisjoint(
+    assert set(df.loc[df["split"] != "train", "prompt"].map(lambda p: p[0]["content"])).isdisjoint(
         {p[0]["content"] for p in train_pairs["prompt"]})
     bad = df.copy()
     bad.loc[bad.index[0], "prompt_id"] = bad.loc[bad["split"] == "eval", "prompt_id"].iloc[0]
     bad.loc[bad.index[0], "split"] = "train"
     write_parquet(root / "bad.parquet", bad)
-    with pytest.raises(ValueError, match="both train and eval"):
+    with pytest.raises(ValueError, match=r"pairs in several splits \['eval', 'train'\]"):
         pref.load_pairs(root / "bad.parquet")
 
 
@@ -247,7 +251,7 @@ def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_pa
     assert "head.weight" in state and not any(k.startswith("trunk.lm_head") for k in state)
     meta = json.loads((tmp_path / "a/rm/meta.json").read_text())
     m = json.loads((tmp_path / "a/rm.json").read_text())
-    n_val = len(pref.split_pairs(pref.load_pairs(root / "pairs.parquet"), tok, 96)["eval"][0]["id"])
+    n_val = len(pref.split_pairs(pref.load_pairs(root / "pairs.parquet"), tok, 96)["val"][0]["id"])
     assert meta["tokenizer"] == tok.digest and meta["reward_std"] > 0 and m["best_step"] > 0
     assert set(m["by_kind"]) == {"all", "hard", "random"} and 0 <= m["by_kind"]["hard"]["baseline_acc"] <= 1
     # periodic evals read 24 evenly spaced val pairs; the final metrics score every one of them

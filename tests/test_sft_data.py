@@ -4,23 +4,24 @@ import pytest
 
 import mirrors
 from speedrun.data import sft
-from speedrun.data.docstrings import split_of
+from speedrun.data.docstrings import heldout_split
 from speedrun.data.questions import MAX_ANSWER_CHARS, TEMPLATES, question, questions
 
 
 @pytest.fixture(scope="module")
 def embedded(objects_path):
     skipped = {}
-    return sft.embedded_conversations(objects_path, 0.1, seed=0, skipped=skipped), skipped
+    return sft.embedded_conversations(objects_path, 0.1, 0.1, seed=0, skipped=skipped), skipped
 
 
 def test_embedded_conversations(embedded, objects_path):
     convs, skipped = embedded
     usable, skips = sft.embedded_qa(objects_path)
-    assert skipped == skips and sum(skipped.values()) > 0
-    assert len(convs["train"]) + len(convs["val"]) == sum(len(TEMPLATES[o.kind]) for o, _ in usable)
-    # split follows the corpus split of the object's top-level module
-    split_of_q = {q: split_of(o.top, 0.1) for o, _ in usable for q in questions(o)}
+    held_out = skipped.pop("held_out_eval")
+    assert skipped == skips and sum(skipped.values()) > 0 and held_out > 0
+    assert len(convs["train"]) + len(convs["val"]) + held_out == sum(len(TEMPLATES[o.kind]) for o, _ in usable)
+    # split follows the held-out split of the object's top-level module; the 'eval' modules are never trained on
+    split_of_q = {q: heldout_split(o.top, 0.1, 0.1) for o, _ in usable for q in questions(o)}
     answer_of_q = {q: a for o, a in usable for q in questions(o)}
     for split in ("train", "val"):
         assert convs[split]
@@ -28,19 +29,23 @@ def test_embedded_conversations(embedded, objects_path):
             assert user["role"] == "user" and bot["role"] == "assistant"
             assert split_of_q[user["content"]] == split and bot["content"] == answer_of_q[user["content"]]
             assert 0 < len(bot["content"]) <= MAX_ANSWER_CHARS
+    asked = [c[0]["content"] for c in convs["train"] + convs["val"]]
+    assert all(q not in asked for q, s in split_of_q.items() if s == "eval")
     dumps = [c for c in convs["train"] + convs["val"] if c[0]["content"] == "What does `json.dumps` do?"]
-    assert len(dumps) == 1 and "JSON" in dumps[0][1]["content"]
+    assert heldout_split("json", 0.1, 0.1) == "eval" or (len(dumps) == 1 and "JSON" in dumps[0][1]["content"])
 
 
 def test_embedded_conversations_cover_the_pair_prompts_and_are_seeded(embedded, objects_path):
     convs, _ = embedded
     asked = {c[0]["content"] for split in convs.values() for c in split}
     usable, _ = sft.embedded_qa(objects_path)
-    assert all(question(o) in asked for o, _ in usable)  # the RM/GRPO prompts were seen in SFT
-    one = sft.embedded_conversations(objects_path, 0.1, seed=1, per_object=1)
-    assert len(one["train"]) + len(one["val"]) == len(usable)
-    assert one == sft.embedded_conversations(objects_path, 0.1, seed=1, per_object=1)
-    assert one["train"][:20] != sft.embedded_conversations(objects_path, 0.1, seed=2, per_object=1)["train"][:20]
+    # the RM/GRPO prompts of the train and val modules were seen in SFT; those of the eval modules never were
+    for o, _ in usable:
+        assert (question(o) in asked) == (heldout_split(o.top, 0.1, 0.1) != "eval")
+    one = sft.embedded_conversations(objects_path, 0.1, 0.1, seed=1, per_object=1)
+    assert len(one["train"]) + len(one["val"]) == sum(heldout_split(o.top, 0.1, 0.1) != "eval" for o, _ in usable)
+    assert one == sft.embedded_conversations(objects_path, 0.1, 0.1, seed=1, per_object=1)
+    assert one["train"][:20] != sft.embedded_conversations(objects_path, 0.1, 0.1, seed=2, per_object=1)["train"][:20]
 
 
 @pytest.fixture(scope="module")

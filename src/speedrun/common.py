@@ -13,6 +13,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+SPLITS = ("train", "val", "eval")  # the post-training split (data/docstrings.heldout_split), least held out first
+
 
 def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

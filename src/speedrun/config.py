@@ -84,6 +84,8 @@ class PretrainConfig(TrainConfig):
 class SFTConfig(TrainConfig):
     source: Literal["embedded", "hf"] = knob("embedded: questions about stdlib objects | hf: smoltalk-style messages")
     per_object: int = knob("embedded: question templates per object (0 = all)", ge=0)
+    gold_per_item: int = knob("embedded: right answers trained per gold-task item of the train modules (0 = no "
+                              "gold task in SFT)", ge=0)
     hf_path: str = knob("hf: hub id or a local dir in the hub layout")
     hf_name: str = knob("hf: dataset config name ('' = none)")
     hf_split: str = knob("hf: split to train on")
@@ -112,8 +114,8 @@ class PairsConfig:
 
 @dataclass(frozen=True)
 class PromptsConfig:
-    eval_frac: float = knob("share of prompts held out for the diversity eval (stable hash); never trained on",
-                            ge=0, lt=1)
+    eval_frac: float = knob("share held out of every post-training stage for the evaluation: of the pretrained "
+                            "top-level modules (embedded), else of the prompts (stable hash)", ge=0, lt=1)
     near_dup_threshold: float = knob("word-shingle Jaccard at or above which prompts merge into the earliest",
                                      gt=0, le=1)
     shingle_size: int = knob("words per shingle for near-duplicate detection", ge=1)
@@ -218,6 +220,11 @@ class EvalConfig:
     temperature: float = knob("sampling temperature (the same for every model)", gt=0)
     top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
     n_boot: int = knob("bootstrap draws for the intervals", ge=1)
+    control_temperatures: list[float] = knob("the SFT model is sampled at each: a primary metric must order them "
+                                             "(Spearman >= 0.9) or it leaves the primary list")
+    task_samples: int = knob("answers per gold-task item and model (pass@k and coverage@k use all of them)", ge=2)
+    task_max_new_tokens: int = knob("gold-task answer token budget", ge=1)
+    task_margin: float = knob("non-inferiority margin of gold-task pass@1 (absolute share of right answers)", ge=0)
 
 
 @dataclass(frozen=True)

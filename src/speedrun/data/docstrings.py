@@ -42,6 +42,16 @@ def split_of(top: str, val_frac: float, salt: str = "split") -> str:
     return "val" if stable_unit(salt, top) < val_frac else "train"
 
 
+def heldout_split(top: str, val_frac: float, eval_frac: float) -> str:
+    """The one post-training split, by top-level module: val = the corpus's val modules (never pretrained on; SFT
+    and the RM pick checkpoints there); eval = a further `eval_frac` of the pretrained modules, which no
+    post-training stage sees, so the evaluation asks about what the model knows from pretraining alone; train =
+    the rest."""
+    if split_of(top, val_frac) == "val":
+        return "val"
+    return "eval" if stable_unit("heldout", top) < eval_frac else "train"
+
+
 def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return f"({ast.unparse(node.args)})"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from speedrun.common import normalize_text, stable_seed, stable_unit
-from speedrun.data.docstrings import DocObject, split_of
+from speedrun.data.docstrings import DocObject, heldout_split
 from speedrun.data.pairs import Skip, Source, make_pair
 from speedrun.data.questions import answer, answerable, group_of, question
 
@@ -28,9 +28,10 @@ def _pick_any(answers: list[str], taken: set[str], rng: random.Random, tries: in
     return None
 
 
-def source(objects: list[DocObject], hard_frac: float = 0.5, val_frac: float = 0.1, negatives: int = 1) -> Source:
+def source(objects: list[DocObject], hard_frac: float = 0.5, val_frac: float = 0.1, eval_frac: float = 0.1,
+           negatives: int = 1) -> Source:
     """Rows are the objects (the corpus stage's table), each giving `negatives` pairs (one prompt, the same
-    chosen answer, distinct rejected ones); `split` is the corpus split of the object's module."""
+    chosen answer, distinct rejected ones); `split` is heldout_split of the object's module (train/val/eval)."""
     usable, _ = answerable(objects)
     answer_of = dict(usable)
     pool = [o for o, _ in usable]
@@ -71,4 +72,4 @@ def source(objects: list[DocObject], hard_frac: float = 0.5, val_frac: float = 0
         extra["fewer_negatives"] += len(out) < negatives
         return out
 
-    return Source(((split_of(o.top, val_frac), o) for o in objects), parse, extra)
+    return Source(((heldout_split(o.top, val_frac, eval_frac), o) for o in objects), parse, extra)

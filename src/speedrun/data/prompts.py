@@ -2,8 +2,11 @@
 
 prompt_id = first 16 hex of sha256 of the normalised prompt (NFKC, whitespace collapsed, every
 turn with its role). Exact duplicates share an id; near-duplicates (Jaccard of word shingles,
-found with MinHash + LSH, confirmed exactly) merge into the earliest prompt by sorted id. The
-eval split is a stable hash of the final prompt_id, so near-duplicates never straddle it."""
+found with MinHash + LSH, confirmed exactly) merge into the earliest prompt by sorted id.
+
+The split (train / val / eval) is made per final prompt, so near-duplicates never straddle it: an embedded prompt
+takes its module's split (docstrings.heldout_split, the split SFT uses), a hub prompt a stable hash of its id; a
+prompt whose merged pairs disagree takes the most held-out of their splits (eval over val over train)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speedrun.common import normalize_text, stable_hash, stable_unit
+from speedrun.common import SPLITS, normalize_text, stable_hash, stable_unit
 
 N_PERM, BANDS = 128, 32  # 32 bands of 4 rows: a pair with Jaccard 0.7 is a candidate with p > 0.999
 _P = (1 << 31) - 1  # Mersenne prime: a*x + b stays below 2**63 in uint64
@@ -34,8 +37,11 @@ def prompt_id(messages: list[dict]) -> str:
     return stable_hash(canonical_prompt(messages))  # one part: exactly sha256(text)[:16]
 
 
-def eval_split(pid: str, eval_frac: float) -> str:
-    return "eval" if stable_unit("eval", pid) < eval_frac else "train"
+def hash_split(pid: str, val_frac: float, eval_frac: float) -> str:
+    """The split of a prompt with no module (hub sources)."""
+    if stable_unit("eval", pid) < eval_frac:
+        return "eval"
+    return "val" if stable_unit("val", pid) < val_frac else "train"
 
 
 def words(canon: str) -> list[str]:
@@ -89,7 +95,7 @@ def _messages(value) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def build(pairs: pa.Table, eval_frac: float, threshold: float, k: int = 3
+def build(pairs: pa.Table, val_frac: float, eval_frac: float, threshold: float, k: int = 3
           ) -> tuple[pd.DataFrame, pa.Table, pd.DataFrame, dict]:
     """(prompts, pairs with prompt_id/split added, pair_id -> prompt_id map, stats)."""
     ids = pairs.column("id").to_pylist()
@@ -108,15 +114,20 @@ def build(pairs: pa.Table, eval_frac: float, threshold: float, k: int = 3
     final = [rep[r] for r in raw]
 
     n_pairs, variants, src_sets = Counter(final), Counter(rep.values()), defaultdict(set)
-    for f, s in zip(final, srcs):
+    split_rank: dict[str, int] = {}
+    for f, s, sp in zip(final, srcs, pairs.column("split").to_pylist()):
         src_sets[f].add(s)
+        own = sp if s == "embedded" else hash_split(f, val_frac, eval_frac)
+        if own not in SPLITS:
+            raise ValueError(f"pairs: an embedded pair of prompt {f} has split {own!r}, not one of {SPLITS}")
+        split_rank[f] = max(split_rank.get(f, 0), SPLITS.index(own))
     reps = sorted(variants)
     prompts = pd.DataFrame({
         "prompt_id": reps,
         "prompt": [msgs[first[p]] for p in reps],
         "n_pairs": [n_pairs[p] for p in reps],
         "srcs": [sorted(src_sets[p]) for p in reps],
-        "split": [eval_split(p, eval_frac) for p in reps],
+        "split": [SPLITS[split_rank[p]] for p in reps],
         "group": [groups[first[p]] for p in reps],
         "n_variants": [variants[p] for p in reps],  # exact-distinct prompts merged as near-duplicates
     }, columns=["prompt_id", "prompt", "n_pairs", "srcs", "split", "group", "n_variants"])
@@ -127,7 +138,7 @@ def build(pairs: pa.Table, eval_frac: float, threshold: float, k: int = 3
     out = out.add_column(2, "split", pa.array([split_of[f] for f in final], pa.string()))
     id_map = pd.DataFrame({"pair_id": ids, "prompt_id": final, "raw_prompt_id": raw}).sort_values("pair_id")
 
-    is_eval = prompts["split"] == "eval"
+    is_eval, is_val = prompts["split"] == "eval", prompts["split"] == "val"
     per_source = {}
     for s in sorted(set(srcs)):
         has = prompts["srcs"].map(lambda v, s=s: s in v)
@@ -139,9 +150,11 @@ def build(pairs: pa.Table, eval_frac: float, threshold: float, k: int = 3
         "near_dup_merges": len(first) - len(prompts),
         "near_dup_threshold": threshold,
         "shingle_size": k,
+        "val_frac": val_frac,
         "eval_frac": eval_frac,
         "eval_prompts": int(is_eval.sum()),
-        "train_prompts": int((~is_eval).sum()),
+        "val_prompts": int(is_val.sum()),
+        "train_prompts": int((~is_eval & ~is_val).sum()),
         "eval_pairs": int(prompts.loc[is_eval, "n_pairs"].sum()),
         "groups": int(prompts["group"].nunique()),
         "per_source": per_source,

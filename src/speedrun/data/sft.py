@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.data.corpus import clean_text
-from speedrun.data.docstrings import DocObject, load_objects, split_of
+from speedrun.data import gold
+from speedrun.data.docstrings import DocObject, heldout_split, load_objects
 from speedrun.data.questions import answerable, questions
 
 
@@ -23,16 +24,17 @@ def embedded_qa(objects_path: Path) -> tuple[tuple[tuple[DocObject, str], ...], 
     return tuple(usable), skipped
 
 
-def embedded_conversations(objects_path: Path, val_frac: float, seed: int, per_object: int = 0,
-                           skipped: dict[str, int] | None = None) -> dict[str, list[list[dict]]]:
-    """{'train': [...], 'val': [...]}: per object, `per_object` of its question templates (0 =
-    all of them), picked and shuffled with `seed`. The split is the corpus split of the object's
-    top-level module. Objects with an empty or overlong summary are skipped; pass a dict as
-    `skipped` to receive the counts."""
+def embedded_conversations(objects_path: Path, val_frac: float, eval_frac: float, seed: int, per_object: int = 0,
+                           gold_per_item: int = 0, skipped: dict[str, int] | None = None
+                           ) -> dict[str, list[list[dict]]]:
+    """{'train': [...], 'val': [...]}: per object, `per_object` of its question templates (0 = all of them), and
+    per gold-task item up to `gold_per_item` of its right answers (data/gold.py), picked and shuffled with `seed`.
+    The split is heldout_split of the object's top-level module; 'eval' modules are never trained on (their count
+    is returned in `skipped` as held_out_eval). Objects with an empty or overlong summary are skipped; pass a dict
+    as `skipped` to receive the counts."""
     usable, skips = embedded_qa(Path(objects_path))
-    if skipped is not None:
-        skipped.update(skips)
-    out: dict[str, list[list[dict]]] = {"train": [], "val": []}
+    skips = dict(skips)
+    out: dict[str, list[list[dict]]] = {"train": [], "val": [], "eval": []}
     rng = random.Random(seed)
     for obj, answer in usable:
         qs = questions(obj)
@@ -40,7 +42,14 @@ def embedded_conversations(objects_path: Path, val_frac: float, seed: int, per_o
             qs = rng.sample(qs, per_object)
         for q in qs:
             conv = [{"role": "user", "content": q}, {"role": "assistant", "content": answer}]
-            out[split_of(obj.top, val_frac)].append(conv)
+            out[heldout_split(obj.top, val_frac, eval_frac)].append(conv)
+    if gold_per_item:
+        items = gold.gold_items(load_objects(Path(objects_path)), val_frac, eval_frac)
+        for split in ("train", "val"):
+            out[split] += gold.conversations(items, split, gold_per_item, seed)
+    skips["held_out_eval"] = len(out.pop("eval"))
+    if skipped is not None:
+        skipped.update(sorted(skips.items()))
     for convs in out.values():
         rng.shuffle(convs)
     return out

@@ -62,6 +62,7 @@ METRICS: list[Metric] = [
     Metric("within_self_bleu", "self-BLEU-4 within prompt", "lower", "Within-prompt diversity"),
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
+    Metric("ascii_dash_rate", "' -- ' (the corpus's dash) per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("reward", "mean RM reward", "higher", "Reward", ratio=False),
     Metric("ref_loglik", "log-lik of reference answers (nats/token)", "higher", "Capability"),
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
@@ -131,6 +132,7 @@ class _Pool:
         self.n = per_cell(np.ones(len(df)))
         self.chars = per_cell([len(t) for t in texts])
         self.dashes = per_cell([sum(t.count(d) for d in dv.DASHES) for t in texts])
+        self.ascii_dashes = per_cell([t.count(dv.ASCII_DASH) for t in texts])
         self.words = per_cell(enc.lengths)
         self.sentences = per_cell([dv.sentence_count(t) for t in texts])
         self.njb = per_cell([dv.not_just_but_count([t]) for t in texts])
@@ -148,6 +150,7 @@ class _Pool:
         out = {
             "em_dash_rate": 1000.0 * (w_cell @ self.dashes) / max(w_cell @ self.chars, 1.0),
             "not_just_but": 100.0 * (w_cell @ self.njb) / n_resp,
+            "ascii_dash_rate": 1000.0 * (w_cell @ self.ascii_dashes) / max(w_cell @ self.chars, 1.0),
             "reward": (w_cell @ self.reward) / n_resp,
             **({"ref_loglik": (w_cell @ self.ref_ll) / n_resp} if hasattr(self, "ref_ll") else {}),
             "len_words": (w_cell @ self.words) / n_resp,
@@ -185,15 +188,17 @@ def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts:
 def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
              primary: list[str] | tuple[str, ...] = (), reward_margin: float = 0.1, n_boot: int = 1000,
-             seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: int | None = None, where: str = "samples") -> dict:
+             seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: list[int] | None = None,
+             where: str = "samples") -> dict:
     """Metrics per model on its whole pool; per comparison (a, b) of variants, Δ of run means with the interval
     of stats.py, Holm over `primary`, and reward non-inferiority within `reward_margin`.
 
     variants: {variant: [model names of its runs]} (one run per training seed); comparisons: pairs of variant
     names (default: the first two variants); reference: the model every variant is also compared with (the SFT
     model; None = no reference). self_bleu_k: responses in the self-BLEU pool (at most the fewest distinct
-    responses any bootstrap draw holds, so every draw scores the same number). ead_vocab_size: V of EAD for
-    every n; None = the number of distinct n-grams (per n) over all models' samples. JSON-ready dict.
+    responses any bootstrap draw holds, so every draw scores the same number). ead_vocab_size: V of EAD per n
+    (1..3), e.g. dv.ngram_vocab of the corpus: a model's EAD then does not depend on which other models are
+    evaluated; None = the number of distinct n-grams (per n) over all models' samples (it does). JSON-ready dict.
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
@@ -230,7 +235,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                          "diversity needs at least 2 samples per prompt and seed")
     toks = [dv.words(t) for m in order for t in frames[m]["text"]]
     enc = dv.encode(toks, N_MAX)
-    vocab = [ead_vocab_size or max(t, 1) for t in enc.n_types[:3]]
+    vocab = list(ead_vocab_size) if ead_vocab_size is not None else [max(t, 1) for t in enc.n_types[:3]]
+    if len(vocab) != 3 or min(vocab) < 1:
+        raise ValueError(f"ead_vocab_size: expected three sizes >= 1 (n = 1, 2, 3), got {vocab}")
     n_rows = len(keys0)
     pools = {m: _Pool(frames[m], _slice(enc, i * n_rows, (i + 1) * n_rows)) for i, m in enumerate(order)}
     names = [m.name for m in METRICS if m.name != "ref_loglik" or "ref_logprob" in df.columns]
@@ -343,7 +350,8 @@ def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
             "ci_high": {n: x["ci_high"] for n, x in d.items()},
             "verdict": {n: code[x["verdict"]] for n, x in d.items() if x["verdict"] is not None},
             "reward_noninferior": int((c["noninferiority"] or {}).get("verdict") == "non-inferior")}
-    shown = ["reward", "ref_loglik"] + list(result.get("primary", []))  # the frontier's axes, capability kept
+    # the frontier's axes and capability kept: every configured primary, also one the temperature control dropped
+    shown = ["reward", "ref_loglik"] + list(result.get("configured_primary", result.get("primary", [])))
     for v, by_metric in result.get("vs_reference", {}).items():
         out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key] for n in shown if n in by_metric
                                                  for suffix, key in (("", "value"), ("_ci_low", "ci_low"),

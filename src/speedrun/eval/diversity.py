@@ -17,6 +17,7 @@ import numpy as np
 
 WORD_RE = re.compile(r"\b\w+\b")
 DASHES = ("\u2014", "\u2013")  # em dash, en dash
+ASCII_DASH = " -- "  # the corpus's own dash: docstrings write an aside as " -- ", almost never with an em dash
 # a sentence ends at . ! ? followed by whitespace/end, or at a newline ("json.dumps" does not end one)
 _IN_SENTENCE = r"(?:[^.!?\n]|[.!?](?=\S))"
 NOT_JUST_BUT_RE = re.compile(
@@ -37,6 +38,17 @@ def em_dash_rate(texts: Sequence[str]) -> float:
     chars = sum(len(t) for t in texts)
     dashes = sum(t.count(d) for t in texts for d in DASHES)
     return 1000.0 * dashes / chars if chars else 0.0
+
+
+def ngram_vocab(texts: Sequence[str], n_max: int = 3) -> list[int]:
+    """Distinct word n-grams (n = 1..n_max) of a reference text (the pretraining corpus): a V for EAD that does not
+    move with the models being compared."""
+    seen: list[set] = [set() for _ in range(n_max)]
+    for t in texts:
+        w = words(t)
+        for n in range(1, n_max + 1):
+            seen[n - 1].update(ngrams(w, n))
+    return [max(len(s), 1) for s in seen]
 
 
 def gini(counts: Sequence[float]) -> float:

@@ -136,16 +136,21 @@ def _reference_table(result: dict) -> list[str]:
 
 def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFrame],
                  weights: dict[str, dict[str, float]], out_md: Path, fig_dir: Path, setup: dict,
-                 extra_sections: list[str] | None = None, n_examples: int = 3) -> str:
+                 extra_sections: list[str] | None = None, n_examples: int = 3,
+                 lead_sections: list[str] | None = None) -> str:
     """Write out_md and its figures into fig_dir (metrics.png, forest_<a>_vs_<b>.png, scatter.png,
     reward_curves.png, sampling_weights.png); returns the markdown. logs: per-step GRPO log per run (step,
     reward_mean; kl and entropy plotted when present). weights: {variant: {group: sampling share}}. Empty
-    logs/weights skip their figure. extra_sections: markdown blocks appended at the end, in order."""
+    logs/weights skip their figure. lead_sections: markdown blocks ahead of the verdict (the checks a reader
+    should see first); extra_sections: blocks appended at the end, in order."""
     out_md, fig_dir = Path(out_md), Path(fig_dir)
     rel = lambda name: Path(os.path.relpath(fig_dir / name, out_md.parent)).as_posix()  # noqa: E731
     s = result["setup"]
     plot_metrics(result, fig_dir / "metrics.png")
     lines = ["# Diversity evaluation: density-aware vs uniform prompt sampling", ""]
+    for section in lead_sections or []:
+        lines += [section.strip(), ""]
+    lines += ["## Verdict", ""] if lead_sections else []
     lines += [verdict_line(result, c) for c in result["comparisons"]]
     lines += ["", "## Setup", ""]
     lines += [f"- **{k}**: {v if isinstance(v, (str, int, float)) else json.dumps(v, sort_keys=True)}"
@@ -160,7 +165,8 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
               f"- **metric details**: bootstrap {s['n_boot']} draws (seed {s['bootstrap_seed']}); the draws of "
               "distinct-n, EAD and Gini are rescaled to the full-pool value (a resampled pool repeats prompts, adding "
               f"tokens but no types); self-BLEU-4 on {s['self_bleu_k']} responses (nltk method-1 smoothing); EAD "
-              f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3); words = `\\b\\w+\\b` on lowercased text"]
+              f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3; the eval stage passes the corpus's distinct n-grams, a scale "
+              "no evaluated model moves); words = `\\b\\w+\\b` on lowercased text"]
 
     lines += ["", "## Runs", "", "Every run on the same held-out prompts and sampling seeds (* primary).", ""]
     lines += _runs_table(result)

@@ -145,3 +145,19 @@ def non_inferiority(ci_low: float, ci_high: float, margin: float) -> str:
     if ci_high < -margin:
         return "inferior"
     return "inconclusive"
+
+
+def mde(between_var: float, prompt_var: float, runs: int, new_runs: int, m: int = 1, power: float = 0.8,
+        alpha: float = ALPHA) -> float:
+    """Minimum detectable |Δ| at `new_runs` runs per variant, two-sided at alpha / m (Holm's first step over m
+    primaries) with the given power, from a comparison measured at `runs` runs per variant: the between-run term
+    scales as 1 / runs, the prompt term stays; df = 2 new_runs - 2."""
+    var = between_var * runs / new_runs + prompt_var
+    df = max(2 * new_runs - 2, 1)
+    return (t_ppf(1 - alpha / (2 * m), df) + t_ppf(power, df)) * math.sqrt(var)
+
+
+def runs_needed(between_var: float, prompt_var: float, runs: int, target: float, m: int = 1,
+                max_runs: int = 64) -> int | None:
+    """The fewest runs per variant whose MDE is at most `target` (None: not within max_runs)."""
+    return next((r for r in range(2, max_runs + 1) if mde(between_var, prompt_var, runs, r, m) <= target), None)

@@ -92,7 +92,7 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
              "skipped": {"sample_equals_reference": counts["sample_equals_reference"]},
              "truncated_frac": round(counts["truncated"] / max(len(rows), 1), 4),
              "mean_sample_tokens": round(n_tokens / max(len(rows), 1), 2),
-             "pairs_by_split": {sp: sum(r["split"] == sp for r in rows) for sp in ("train", "eval")}}
+             "pairs_by_split": {sp: sum(r["split"] == sp for r in rows) for sp in ("train", "val")}}
     assert len(rows) + counts["sample_equals_reference"] == n
     return rows, stats
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.common import read_json, require_values, torch_load
+from speedrun.common import SPLITS, read_json, require_values, torch_load
 from speedrun.engine import continuation_hidden, sequence_logprobs
 from speedrun.model import GPT, GPTConfig
 from speedrun.tokenizer import Tokenizer
@@ -132,8 +132,8 @@ def fit(prompt_ids: list[int], response_ids: list[int], max_len: int) -> tuple[l
 
 
 def load_pairs(*paths: Path) -> pd.DataFrame:
-    """The union of pair files in the schema of data/prompts/pairs.parquet (pairs with prompt_id and the train/eval
-    split of dedup_prompts; data/onpolicy/pairs.parquet adds rejected_ids, the sampled ids of the rejected side)."""
+    """The union of pair files in the schema of data/prompts/pairs.parquet (pairs with prompt_id and the
+    train/val/eval split of dedup_prompts; data/onpolicy/pairs.parquet adds rejected_ids, the sampled ids of the rejected side)."""
     frames = []
     for path in paths:
         df = pd.read_parquet(path)
@@ -142,15 +142,17 @@ def load_pairs(*paths: Path) -> pd.DataFrame:
             raise ValueError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
                              "the RM reads the pairs of dedup_prompts (data/prompts/pairs.parquet)")
         require_values(pq.read_table(path, columns=list(REQUIRED_COLUMNS)), REQUIRED_COLUMNS, path)
-        bad = ~df["split"].isin(["train", "eval"])
+        bad = ~df["split"].isin(SPLITS)
         if bad.any():
             i = int(bad.to_numpy().nonzero()[0][0])
-            raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not 'train' or 'eval'")
+            raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not one of {SPLITS}")
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
-    straddle = set(df.loc[df["split"] == "train", "prompt_id"]) & set(df.loc[df["split"] == "eval", "prompt_id"])
-    if straddle:
-        raise ValueError(f"{', '.join(map(str, paths))}: prompt_id {sorted(straddle)[0]} has both train and eval pairs")
+    straddle = df.groupby("prompt_id")["split"].nunique()
+    if (straddle > 1).any():
+        pid = sorted(straddle.index[straddle > 1])[0]
+        raise ValueError(f"{', '.join(map(str, paths))}: prompt_id {pid} has pairs in several splits "
+                         f"{sorted(set(df.loc[df['prompt_id'] == pid, 'split']))}")
     dup = df["id"].duplicated()
     if dup.any():
         raise ValueError(f"{', '.join(map(str, paths))}: pair id {df['id'][dup].iloc[0]} appears twice")
@@ -196,8 +198,8 @@ def render_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> tuple[dict[s
 
 
 def split_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> dict[str, tuple[dict[str, list], dict, int]]:
-    """render_pairs of the 'train' and the 'eval' split: eval pairs (held-out prompts) are never trained on."""
-    return {split: render_pairs(df[df["split"] == split], tok, max_len) for split in ("train", "eval")}
+    """render_pairs of the 'train' and the 'val' split; 'eval' pairs (the evaluation's prompts) are left out."""
+    return {split: render_pairs(df[df["split"] == split], tok, max_len) for split in ("train", "val")}
 
 
 def select_kinds(pairs: dict[str, list], kinds: str) -> tuple[dict[str, list], dict[str, int]]:

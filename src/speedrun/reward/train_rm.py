@@ -1,8 +1,8 @@
 """The preference reward model recipe (stage train_rm): SFT trunk + scalar head, Bradley-Terry loss.
 
-Trains on the 'train' split of the pair files. Validates on the pairs of the held-out 'eval' prompts: they are never
-trained on (they only pick the best checkpoint), dedup keeps near-duplicates on one side, and they are the prompts
-whose rewards the diversity evaluation reads. Val accuracy is reported per pair kind beside a word-overlap baseline
+Trains on the 'train' split of the pair files and picks its best checkpoint on the 'val' split (modules SFT also
+only validated on; dedup keeps near-duplicates on one side). The 'eval' split, the diversity evaluation's prompts,
+is never read here. Val accuracy is reported per pair kind beside a word-overlap baseline
 and beside the SFT model's own preference (log p(chosen) > log p(rejected)): does the trunk know the answers at all?"""
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
         raise ValueError(f"need train_last_blocks >= 0 and max_len > {pref.MIN_RESPONSE_TOKENS}")
     tok = tokenizer_lib.load(tokenizer_dir)
     split = pref.split_pairs(pref.load_pairs(*pairs), tok, r.max_len)
-    (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["eval"]
+    (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["val"]
     train_pairs, not_trained = pref.select_kinds(train_pairs, r.train_kinds)
     val_trained, _ = pref.select_kinds(val, r.train_kinds)
     if not train_pairs["id"] or not val_trained["id"]:
-        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'eval' pairs of kinds "
+        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'val' pairs of kinds "
                          f"{r.train_kinds!r} (train pairs left out by kind: {not_trained}; skipped: train "
-                         f"{train_skipped}, eval {val_skipped})")
+                         f"{train_skipped}, val {val_skipped})")
     n_val = len(val_trained["id"])
     picked = sorted({i * n_val // r.eval_pairs for i in range(r.eval_pairs)}) if 0 < r.eval_pairs < n_val \
         else range(n_val)
@@ -77,10 +77,10 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
          "val_loss": round(val_metrics["val_loss"], 5), "baseline_acc": kinds["all"]["baseline_acc"],
          "sft_logprob_acc": kinds["all"]["sft_logprob_acc"], "by_kind": kinds,
          "reward_mean": round(float(rewards.mean()), 6), "reward_std": round(float(rewards.std()), 6),
-         "val_split": "eval", "train_pairs": len(train_pairs["id"]), "val_pairs": len(val["id"]),
+         "val_split": "val", "train_pairs": len(train_pairs["id"]), "val_pairs": len(val["id"]),
          "train_kinds": r.train_kinds, "train_pairs_left_out": not_trained,
-         "skipped": {"train": train_skipped, "eval": val_skipped},
-         "truncated_responses": {"train": train_cut, "eval": val_cut},
+         "skipped": {"train": train_skipped, "val": val_skipped},
+         "truncated_responses": {"train": train_cut, "val": val_cut},
          "pool": r.pool, "train_last_blocks": r.train_last_blocks, "trained_params": n_trained,
          "steps": result.steps_done,
          "best_step": result.best_eval["step"], "stopped_early": result.stopped_early, "pairs_seen": result.tokens,

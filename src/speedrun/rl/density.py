@@ -179,11 +179,17 @@ def share_entropy(shares: dict[str, float] | Sequence[float]) -> float:
 
 
 def draw_prompts(weights: torch.Tensor | np.ndarray, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-    """batch_size distinct prompt indices (LongTensor), drawn ∝ weights without replacement."""
+    """batch_size distinct prompt indices (LongTensor), drawn ∝ weights without replacement (successive draws).
+
+    Gumbel-top-k: the batch_size largest log w_i + G_i, G_i standard Gumbel noise from `generator`. Two arms that
+    pass generators in the same state draw from the same noise, so their draws are coupled: the same prompts where
+    their weights agree, different ones only as far as the weights differ."""
     w = torch.as_tensor(weights, dtype=torch.float64)
     if w.dim() != 1 or not torch.isfinite(w).all() or (w < 0).any():
         raise ValueError("weights must be a 1-D tensor of finite, non-negative numbers")
     nonzero = int((w > 0).sum())
     if not 1 <= batch_size <= nonzero:
         raise ValueError(f"batch_size={batch_size} must be in [1, {nonzero}] (prompts with non-zero weight)")
-    return torch.multinomial(w, batch_size, replacement=False, generator=generator)
+    u = torch.rand(w.shape, dtype=torch.float64, generator=generator).clamp_min(1e-300)
+    keys = torch.where(w > 0, w.log() - (-u.log()).log(), torch.tensor(-torch.inf, dtype=torch.float64))
+    return torch.topk(keys, batch_size).indices

@@ -36,8 +36,12 @@ class GRPOResult:
 
 def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw: DrawFn, reward_fn: RewardFn,
                cfg: GRPOConfig, device: str, stop_id: int | None, pad_id: int,
-               extra_stats: Callable[[torch.Tensor], dict] | None = None, name: str = "grpo") -> GRPOResult:
-    """Train `policy` in place against `reward_fn`; returns the per-step log and why it stopped."""
+               extra_stats: Callable[[torch.Tensor], dict] | None = None, name: str = "grpo",
+               stream: str | None = None) -> GRPOResult:
+    """Train `policy` in place against `reward_fn`; returns the per-step log and why it stopped. The sampling and
+    prompt-draw generators are keyed on (cfg.seed, stream or name, step): runs that share a stream share their
+    random numbers (the arms of one training seed, so their comparison is paired)."""
+    stream = stream or name
     ref.eval().requires_grad_(False)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
@@ -47,8 +51,8 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
     bar = Progress(cfg.steps, name)
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, name, step))
-        idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, name, "draw", step)))
+        g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, stream, step))
+        idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, stream, "draw", step)))
         batch = [prompts[i] for i in idx.tolist()]
         policy.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
