@@ -86,6 +86,10 @@ def test_task_metrics_and_comparison_see_a_planted_loss():
     same = compare_task(df, {"a": RUNS["density"], "b": RUNS["density"]}, [("a", "b")], "sft", 0.05, 200, 0)
     d = same["comparisons"][0]["delta"]["pass@1"]
     assert d["value"] == 0.0 and d["ci_low"] < 0 < d["ci_high"] and d["noninferiority"] != "inferior"
+    floor = df.assign(answer=None)  # nobody is ever right: no verdict, not "non-inferior"
+    res = compare_task(floor, RUNS, [("density", "baseline")], "sft", 0.05, 50, 0)
+    assert res["at_floor"] and res["comparisons"][0]["delta"]["pass@1"]["noninferiority"] is None
+    assert res["vs_reference"]["density"]["pass@1"]["noninferiority"] is None
 
 
 def test_ead_on_a_fixed_vocabulary_ignores_the_other_models():

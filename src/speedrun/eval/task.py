@@ -77,6 +77,7 @@ def compare_task(answers: pd.DataFrame, variants: dict[str, list[str]], comparis
     rng = np.random.default_rng(stable_seed("task_bootstrap", seed))
     draws = rng.integers(0, len(items), size=(n_boot, len(items)))
     point = {m: table[m].mean().to_numpy() for m in models}
+    at_floor = bool(point[reference][names.index("pass@1")] < FLOOR)  # no room to show a loss: no verdict
     boot = {m: table[m].to_numpy()[draws].mean(axis=1) for m in models}  # [n_boot, metric]
 
     def delta(runs_a: list[str], runs_b: list[str], fixed_b: bool) -> dict:
@@ -87,10 +88,10 @@ def compare_task(answers: pd.DataFrame, variants: dict[str, list[str]], comparis
                                            np.stack([boot[r][:, j] for r in runs_b], 1), fixed_b=fixed_b)
         d = out["pass@1"]
         out["pass@1"]["noninferiority"] = (stats.non_inferiority(d["ci_low"], d["ci_high"], margin)
-                                           if d["seed_variance"] or fixed_b else None)
+                                           if (d["seed_variance"] or fixed_b) and not at_floor else None)
         return out
 
-    return {"metrics": names, "items": len(items), "samples_per_item": n, "margin": margin,
+    return {"metrics": names, "items": len(items), "samples_per_item": n, "margin": margin, "at_floor": at_floor,
             "values": {m: dict(zip(names, map(float, point[m]))) for m in models},
             "comparisons": [{"a": a, "b": b, "delta": delta(variants[a], variants[b], False)} for a, b in comparisons],
             "vs_reference": {v: delta(runs, [reference], True) for v, runs in variants.items()}}
@@ -108,7 +109,7 @@ def task_section(task: dict, reference: str) -> str:
              "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for m, v in task["values"].items():
         lines.append(f"| {m} | " + " | ".join(f"{v[n]:.3f}" for n in names) + " |")
-    if task["values"][reference]["pass@1"] < FLOOR:
+    if task["at_floor"]:
         lines += ["", f"**At floor:** {reference} answers right in under {FLOOR:.0%} of tries, so no comparison below "
                   "can show a loss of this ability: at this scale the model has not learned the task (it needs a "
                   "model that does: more pretraining, a larger model). The intervals below are reported, not read."]
@@ -119,5 +120,5 @@ def task_section(task: dict, reference: str) -> str:
     rows += [(f"{v} − {reference}", d) for v, d in task["vs_reference"].items()]
     for label, d in rows:
         lines.append(f"| {label} | " + " | ".join(f"{d[n]['value']:+.3f} [{d[n]['ci_low']:+.3f}, {d[n]['ci_high']:+.3f}]"
-                                                  for n in names) + f" | {d['pass@1']['noninferiority'] or 'n/a'} |")
+                                                  for n in names) + f" | {d['pass@1']['noninferiority'] or 'no verdict'} |")
     return "\n".join(lines)
