@@ -36,7 +36,8 @@ def main(p, io, variant: str, seed: int) -> None:
     ref, _ = load_model(io.sft_dir, dev, tok.digest)
     rm = RewardModel.load(io.rm_dir, dev)
     require_reward_signal(rm.head.weight, rm.reward_std, str(io.rm_dir))
-    weights = sampling_weights(sampling, ref, ids, p.grpo.density, dev)
+    texts = [msgs[-1]["content"] for msgs in df["prompt"]]
+    weights = sampling_weights(sampling, ref, ids, texts, p.grpo.density, dev)
     draws = torch.zeros(len(ids), dtype=torch.long)
 
     def draw(step: int, g: torch.Generator) -> torch.Tensor:

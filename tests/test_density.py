@@ -208,3 +208,28 @@ def test_embed_prompts_idf_pooling():
     assert not torch.allclose(e, embed_prompts(model, prompts, batch_size=2, device="cpu"))  # differs from mean
     with pytest.raises(ValueError, match="pooling"):
         embed_prompts(model, prompts, batch_size=2, device="cpu", pooling="max")
+
+
+def test_on_the_real_prompt_set_density_weights_move_mass_from_crowded_modules(objects_path):
+    """The embedded prompts (one question per stdlib object, grouped by top-level module) under the committed
+    density settings: the largest modules lose share, weight falls with module size, and the module mix moves by
+    at least the manipulation check's bar (TV >= 0.3)."""
+    import pandas as pd
+
+    from conftest import committed
+    from speedrun.data.docstrings import load_objects
+    from speedrun.data.questions import answerable, group_of, question
+    from speedrun.rl.density import name_embeddings, prompt_weights
+    usable, _ = answerable(load_objects(objects_path))
+    texts, groups = [question(o) for o, _ in usable], pd.Series([group_of(o) for o, _ in usable])
+    c = committed("grpo.density")
+    w = pd.Series(prompt_weights(name_embeddings(texts), c.k, c.alpha, c.max_ratio).numpy())
+    uniform = groups.value_counts(normalize=True)
+    dens = w.groupby(groups).sum()
+    top4 = uniform.index[:4]
+    assert dens[top4].sum() < 0.75 * uniform[top4].sum()
+    assert 0.5 * dens.sub(uniform).abs().sum() >= 0.3
+    assert np.corrcoef(w, groups.map(groups.value_counts()))[0, 1] < -0.3
+    same = name_embeddings(["What does `tkinter.ttk.Button.invoke` do?", "Explain `tkinter.ttk.Button.state`."])
+    other = name_embeddings(["What does `json.dumps` do?"])
+    assert float(same[0] @ same[1]) == pytest.approx(1.0) and float(same[0] @ other[0]) == 0.0

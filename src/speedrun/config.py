@@ -188,8 +188,9 @@ class DensityConfig:
     k: int = knob("neighbours for the density estimate", ge=1)
     alpha: float = knob("weight ∝ distance^alpha (0 = uniform)", ge=0)
     max_ratio: float = knob("max/min weight ratio after clipping", ge=1)
-    pooling: Literal["idf", "mean"] = knob("prompt embedding: idf-weighted mean of the SFT hidden states (template "
-                                           "tokens shared by most prompts weigh ~0) | plain mean")
+    embedding: Literal["names", "sft_idf", "sft_mean"] = knob(
+        "names: the module/class path of the object a prompt asks about (prompts of one module are neighbours) | "
+        "sft_idf: idf-weighted mean of the SFT hidden states | sft_mean: their plain mean")
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,17 @@
 """Density-aware prompt sampling: embed prompts, weight each by how isolated it is, draw batches.
 
+Embeddings: name_embeddings (where a prompt's object lives: its module and class), or the SFT model's pooled
+hidden states (embed_prompts).
+
 w_i ∝ (mean cosine distance to its k nearest neighbours)^alpha: isolated prompts are drawn MORE often,
 prompts in a crowd (e.g. one huge module's many near-identical questions) less often.
 Weights are float64 torch tensors on CPU.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,6 +95,29 @@ def prompt_weights(
     d = knn_distance(embeddings, k, block_size=block_size)
     raw = torch.ones_like(d) if alpha == 0 else d.pow(alpha)
     return clip_and_normalise(raw, max_ratio)
+
+
+_NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
+_WORD = re.compile(r"[a-z][a-z0-9]*")
+
+
+def name_embeddings(texts: Sequence[str], dim: int = 2048) -> torch.Tensor:
+    """L2-normalised float32 [N, dim] hashed bags of the enclosing names of the first `dotted.name` a prompt asks
+    about (`tkinter.ttk.Button.invoke` -> tkinter, tkinter.ttk, tkinter.ttk.Button), so prompts about one module or
+    class are neighbours and a crowded module is a dense region; a prompt without such a name is a bag of its
+    words. Why not the SFT model's states: pooled over a prompt, they place prompts by their rare identifier tokens,
+    not by their module (measured in docs/method.md)."""
+    out = torch.zeros(len(texts), dim, dtype=torch.float32)
+    for i, text in enumerate(texts):
+        m = _NAME.search(text)
+        if m and "topic" not in text:
+            parts = m.group(1).split(".")
+            tokens = [".".join(parts[:j]) for j in range(1, max(len(parts), 2))]
+        else:
+            tokens = [m.group(1)] if m else _WORD.findall(text.lower()) or [text]
+        for t in tokens:
+            out[i, int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=4).digest(), "little") % dim] += 1.0
+    return out / out.norm(dim=1, keepdim=True)
 
 
 def idf_weights(prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:

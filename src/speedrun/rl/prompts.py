@@ -7,7 +7,7 @@ import pandas as pd
 import torch
 
 from speedrun.config import DensityConfig
-from speedrun.rl.density import embed_prompts, prompt_weights
+from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights
 from speedrun.tokenizer import Tokenizer
 
 
@@ -32,15 +32,16 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
     return df, ids
 
 
-def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], density: DensityConfig,
-                     device: str) -> torch.Tensor:
-    """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the SFT model's embedding
-    space (isolated prompts drawn more often); uniform: equal weights. pooling: how embed_prompts pools
-    the hidden states (idf: the question template's tokens, shared by most prompts, do not decide who
-    is near whom)."""
+def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
+                     density: DensityConfig, device: str) -> torch.Tensor:
+    """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the embedding density.embedding
+    (isolated prompts drawn more often); uniform: equal weights."""
     if variant == "uniform":
         return torch.full((len(ids),), 1.0 / len(ids), dtype=torch.float64)
     if variant == "density":
-        return prompt_weights(embed_prompts(model, ids, 64, device, density.pooling), density.k, density.alpha,
-                              density.max_ratio)
+        if density.embedding == "names":
+            emb = name_embeddings(texts)
+        else:  # sft_idf / sft_mean: the SFT model's hidden states, idf-weighted or plain mean over the prompt
+            emb = embed_prompts(model, ids, 64, device, density.embedding.removeprefix("sft_"))
+        return prompt_weights(emb, density.k, density.alpha, density.max_ratio)
     raise ValueError(f"sampling must be density or uniform, not {variant!r}")
