@@ -17,9 +17,9 @@ from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
 from speedrun.eval.report import write_report
+from speedrun.eval.sampling import run_name, sample_models
 from speedrun.eval.task import compare_task, sample_task, task_section
 from speedrun.reward.onpolicy import reference_answers
-from speedrun.eval.sampling import run_name, sample_models
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
@@ -99,8 +99,8 @@ def main(p, io) -> None:
     items = [i for i in all_items if i.split == "eval"]
     if not items:
         raise SystemExit(f"eval: {io.objects} has no gold-task item in the held-out modules (prompts.eval_frac)")
-    answers = sample_task(models, tok, items, distractor_pool(all_items), c.task_samples, c.task_max_new_tokens, c.temperature, c.top_p,
-                          p.seed, dev)
+    answers = sample_task(models, tok, items, distractor_pool(all_items), c.task_samples, c.task_max_new_tokens,
+                          c.temperature, c.top_p, p.seed, dev)
     task = compare_task(answers, variants, pairs_list, "sft", c.task_margin, c.n_boot, p.seed)
     first = result["comparisons"][0]
     power = power_table(result, first, first["b"]) if first["seed_variance"] else {}
@@ -110,18 +110,7 @@ def main(p, io) -> None:
     result |= {"temperature_control": control, "configured_primary": configured, "task": task, "power": power,
                "manipulation": manipulation}
     write_json(io.result_out, result)
-    flat = flat_metrics(result)
-    for m, v in task["values"].items():
-        flat[m] |= {f"task_{k}": x for k, x in v.items()}
-    flat[f"{first['a']}_vs_{first['b']}"] |= {
-        f"manipulation_{k}": v for k, v in manipulation.items() if isinstance(v, (int, float))}
-    for name, d in power.items():
-        if d["mde_share"] is not None:
-            flat[f"{first['a']}_vs_{first['b']}"] |= {f"mde_share_{name}": d["mde_share"]}
-    for v, d in task["vs_reference"].items():
-        flat[f"{v}_vs_sft"] |= {f"task_{k}{s}": d[k][key] for k in task["metrics"]
-                                for s, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))}
-    write_json(io.metrics, flat)
+    write_json(io.metrics, flat_metrics(result))
     logs, weights = {}, {}
     for v in sampling:
         for s in seeds_trained:

@@ -352,8 +352,22 @@ def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
             "reward_noninferior": int((c["noninferiority"] or {}).get("verdict") == "non-inferior")}
     # the frontier's axes and capability kept: every configured primary, also one the temperature control dropped
     shown = ["reward", "ref_loglik"] + list(result.get("configured_primary", result.get("primary", [])))
+    bounds = (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))
     for v, by_metric in result.get("vs_reference", {}).items():
         out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key] for n in shown if n in by_metric
-                                                 for suffix, key in (("", "value"), ("_ci_low", "ci_low"),
-                                                                     ("_ci_high", "ci_high"))}
+                                                 for suffix, key in bounds}
+    # the evaluation stage's checks and the gold task, where the result holds them
+    if result["comparisons"]:
+        first = out[f"{result['comparisons'][0]['a']}_vs_{result['comparisons'][0]['b']}"]
+        first |= {f"manipulation_{k}": v for k, v in result.get("manipulation", {}).items()
+                  if isinstance(v, (int, float))}
+        first |= {f"mde_share_{n}": d["mde_share"] for n, d in result.get("power", {}).items()
+                  if d["mde_share"] is not None}
+    task = result.get("task")
+    if task:
+        for m, v in task["values"].items():
+            out[m] |= {f"task_{k}": x for k, x in v.items()}
+        for v, d in task["vs_reference"].items():
+            out[f"{v}_vs_{result['reference']}"] |= {f"task_{k}{suffix}": d[k][key] for k in task["metrics"]
+                                                     for suffix, key in bounds}
     return out

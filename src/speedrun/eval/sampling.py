@@ -42,6 +42,12 @@ def reference_logprob(model: GPT, rows: list[list[int]], prompt_lens: list[int],
     return [float(t) / max(1, len(r) - n) for t, r, n in zip(total.tolist(), rows, prompt_lens)]
 
 
+def completion_texts(out, tok: Tokenizer) -> list[str]:
+    """The decoded completion of every row of a generate() result (its mask; <|assistant_end|> dropped)."""
+    return [tok.decode([t for t, k in zip(row, m) if k and t != tok.assistant_end_id])
+            for row, m in zip(out.tokens.tolist(), out.mask.tolist())]
+
+
 def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
                  ids: list[list[int]], seeds: int, samples_per_prompt: int, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int, device: str, ref_logprob: list[float] | None = None) -> list[dict]:
@@ -53,9 +59,8 @@ def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts
         out = generate(model, ids, samples_per_prompt, max_new_tokens, temperature=temperature, top_p=top_p,
                        stop_id=tok.assistant_end_id, pad_id=tok.bos_id, generator=g)
         rewards = score_samples(rm, ids, out, tok.bos_id, standardise=True)
-        for n, (row, m) in enumerate(zip(out.tokens.tolist(), out.mask.tolist())):
+        for n, text in enumerate(completion_texts(out, tok)):
             p = n // samples_per_prompt
-            text = tok.decode([t for t, k in zip(row, m) if k and t != tok.assistant_end_id])
             rows.append({"model": name, "prompt_id": prompts["prompt_id"][p], "seed": s,
                          "sample_idx": n % samples_per_prompt, "text": text, "reward": float(rewards[n]),
                          "prompt": prompts["prompt"][p][-1]["content"],

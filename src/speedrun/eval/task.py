@@ -18,6 +18,7 @@ from speedrun.common import stable_seed
 from speedrun.data.gold import GoldItem, check, pass_at_k
 from speedrun.engine import generate
 from speedrun.eval import stats
+from speedrun.eval.sampling import completion_texts
 from speedrun.progress import Progress
 from speedrun.tokenizer import Tokenizer
 from speedrun.train.checkpoint import load_model
@@ -38,9 +39,8 @@ def sample_task(models: dict[str, Path], tok: Tokenizer, items: list[GoldItem], 
         g = torch.Generator(device=device).manual_seed(stable_seed(seed, "task"))  # the same draws for every model
         out = generate(model, ids, n, max_new_tokens, temperature=temperature, top_p=top_p,
                        stop_id=tok.assistant_end_id, pad_id=tok.bos_id, generator=g)
-        for r, (row, m) in enumerate(zip(out.tokens.tolist(), out.mask.tolist())):
+        for r, text in enumerate(completion_texts(out, tok)):
             item = items[r // n]
-            text = tok.decode([t for t, k in zip(row, m) if k and t != tok.assistant_end_id])
             rows.append({"model": name, "item_id": item.item_id, "sample_idx": r % n, "text": text,
                          "answer": check(item, text)})
         bar.update(1)
