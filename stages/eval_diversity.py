@@ -1,4 +1,4 @@
-"""Stage eval_diversity: sample the SFT model and every GRPO run (grpo.variants x grpo.seeds) on the held-out
+"""Stage eval_diversity: sample the SFT model and every GRPO run (grpo.run x grpo.seeds) on the held-out
 prompts (same seeds, same sampler), score them, compare the variants over their training seeds, write the report.
 
 Before the comparison: the temperature control (can each primary metric see diversity? one that cannot is dropped
@@ -25,7 +25,8 @@ from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
 from speedrun.stage import run_stage
 
-READS = ("seed", "compute.device", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.variants", "grpo.seeds")
+READS = ("seed", "compute.device", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.run", "grpo.variants",
+         "grpo.controls.tic", "grpo.seeds")
 PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
          "corpus_train": "data/corpus/train.parquet", "objects": "data/corpus/objects.parquet",
          "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
@@ -53,13 +54,13 @@ def rm_summary(rm_dir: Path) -> str:
 
 def main(p, io) -> None:
     c = p.eval
-    sampling = {name: v.sampling for name, v in p.grpo.variants.items()}
+    sampling = {name: p.grpo.variants[name].sampling for name in p.grpo.run}
     seeds_trained = p.grpo.seeds
     pairs_list = [tuple(x.split(":")) for x in c.comparisons.split(",") if x]
     for x in pairs_list:
         if len(x) != 2 or any(v not in sampling for v in x):
-            raise SystemExit(f"error: params.yaml: eval.comparisons: {':'.join(x)!r} is not a:b of variants "
-                             f"{sorted(sampling)}")
+            raise SystemExit(f"error: params.yaml: eval.comparisons: {':'.join(x)!r} is not a:b of the variants "
+                             f"grpo.run trains {sorted(sampling)}")
     dev = pick_device(p.compute.device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "eval", c.max_prompt_len)
@@ -93,7 +94,8 @@ def main(p, io) -> None:
     write_parquet(io.samples_out, samples)
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
-                      reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab)
+                      reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,
+                      tic=p.grpo.controls.tic)
 
     all_items = gold_items(load_objects(io.objects), p.corpus.val_frac, p.prompts.eval_frac)
     items = [i for i in all_items if i.split == "eval"]

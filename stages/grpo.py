@@ -1,5 +1,6 @@
-"""Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model. Variants differ only
-in how prompts are drawn (density-aware or uniform; params.yaml grpo.variants), runs of a variant only in the
+"""Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model. The arms (params.yaml
+grpo.variants, those of grpo.run trained) differ in how prompts are drawn (density-aware, uniform, group-balanced) and,
+for the controls, in what is rewarded (a planted tic, shuffled rewards, an entropy bonus); runs of an arm only in the
 training seed (grpo.seeds). A run takes about a minute on CPU and keeps no resume state: an interrupted run starts
 over."""
 import dataclasses
@@ -8,8 +9,11 @@ import pandas as pd
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, seed_everything, use_bf16, write_json, write_parquet, write_text
+from speedrun.engine import completion_texts
+from speedrun.common import (pick_device, seed_everything, stable_seed, use_bf16, write_json, write_parquet,
+                             write_text)
 from speedrun.reward.preference import RewardModel
+from speedrun.rl.controls import dense_groups, plant_tic, shuffle_rewards
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, sampling_weights
@@ -19,16 +23,19 @@ from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model, save_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
-READS = ("beta", "compute.device", "compute.dtype", "grpo.train", "grpo.density", "grpo.variants.{variant}")
+READS = ("beta", "compute.device", "compute.dtype", "grpo.train", "grpo.density", "grpo.controls",
+         "grpo.variants.{variant}")
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
          "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",
          "metrics": "reports/metrics/grpo/{variant}_s{seed}.json"}
 
 
 def main(p, io, variant: str, seed: int) -> None:
-    sampling = p.grpo.variants[variant].sampling
+    arm = p.grpo.variants[variant]
+    sampling = arm.sampling
     dev = pick_device(p.compute.device)
-    cfg = dataclasses.replace(p.grpo.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev))
+    cfg = dataclasses.replace(p.grpo.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
+                              entropy_bonus=arm.entropy_bonus)
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)
@@ -37,23 +44,38 @@ def main(p, io, variant: str, seed: int) -> None:
     rm = RewardModel.load(io.rm_dir, dev)
     require_reward_signal(rm.head.weight, rm.reward_std, str(io.rm_dir))
     texts = [msgs[-1]["content"] for msgs in df["prompt"]]
-    weights = sampling_weights(sampling, ref, ids, texts, p.grpo.density, dev)
+    groups = df["group"].tolist()
+    weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev)
     draws = torch.zeros(len(ids), dtype=torch.long)
+    step_idx = torch.zeros(0, dtype=torch.long)  # the prompts of the step being scored
+    dense = dense_groups(groups, p.grpo.controls.dense_modules)
+    in_scope = torch.tensor([arm.tic_scope == "all" or g in dense for g in groups])
+    shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
+    tic_rows: list[float] = []
 
     def draw(step: int, g: torch.Generator) -> torch.Tensor:
-        idx = draw_prompts(weights, cfg.prompts_per_step, g)
-        draws[idx] += 1
-        return idx
+        nonlocal step_idx
+        step_idx = draw_prompts(weights, cfg.prompts_per_step, g)
+        draws[step_idx] += 1
+        return step_idx
+
+    def reward(batch: list[list[int]], s) -> torch.Tensor:
+        r = score_samples(rm, batch, s, tok.bos_id, standardise=True)
+        if arm.reward == "shuffled":
+            r = shuffle_rewards(r, shuffler)
+        eligible = in_scope[step_idx][s.prompt_index.cpu()]
+        r, has = plant_tic(r, completion_texts(s, tok), p.grpo.controls.tic, arm.tic_bonus, eligible)
+        tic_rows.append(float(has.float().mean()))
+        return r
 
     ess = effective_sample_size(weights)
-    print(f"grpo {variant} seed {seed} ({sampling}): {len(ids)} train prompts, weight ESS {ess:.0f} "
+    print(f"grpo {variant} seed {seed} ({sampling}, reward {arm.reward}, tic bonus {arm.tic_bonus} on "
+          f"{arm.tic_scope}, entropy bonus {arm.entropy_bonus}): {len(ids)} train prompts, weight ESS {ess:.0f} "
           f"({ess / len(ids):.1%}), {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
-    result = grpo_train(policy, ref, ids, draw,
-                        lambda batch, s: score_samples(rm, batch, s, tok.bos_id, standardise=True), cfg, dev,
-                        tok.assistant_end_id, tok.bos_id, extra_stats=lambda idx: {"weight_ess": ess},
+    result = grpo_train(policy, ref, ids, draw, reward, cfg, dev, tok.assistant_end_id, tok.bos_id,
+                        extra_stats=lambda idx: {"weight_ess": ess, "tic_share": tic_rows[-1]},
                         name=f"grpo_{variant}_s{seed}", stream="grpo")  # every variant: the same random numbers
     log = pd.DataFrame(result.log)
-    groups = df["group"].tolist()
     shares_w = group_shares(weights, groups)
     shares_d = group_shares(draws.double() / draws.sum(), groups)
     k = max(1, len(log) // 5)
@@ -64,6 +86,9 @@ def main(p, io, variant: str, seed: int) -> None:
          "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
          "truncated_frac_end": round(float(log["truncated_frac"][-k:].mean()), 4),
          "truncated": cfg.truncated,
+         "tic_share_start": round(float(log["tic_share"][:k].mean()), 4),
+         "tic_share_end": round(float(log["tic_share"][-k:].mean()), 4),
+         "epochs": round(float(draws.sum()) / len(ids), 4), "draws_per_prompt_max": int(draws.max()),
          "weight_ess": round(ess, 1), "weight_ess_frac": round(ess / len(ids), 4),
          "group_share_entropy": round(share_entropy(shares_w), 4),
          "drawn_group_share_entropy": round(share_entropy(shares_d), 4),

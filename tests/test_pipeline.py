@@ -28,6 +28,7 @@ MICRO_DAG = {
     "grpo.train.max_new_tokens": 8,
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
     "eval.n_boot": 20, "grpo.seeds": [1, 2],  # two seeds: the smallest verdict; the test adds a third
+    "grpo.run": ["density", "baseline", "tic_2"], "eval.comparisons": "density:baseline,tic_2:baseline",  # a control
     "eval.control_temperatures": [0.05, 5.0],  # extreme: a micro model must still order them
     "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
     "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
@@ -108,7 +109,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
         assert s in stages, (s, sorted(stages))
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
-    assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik"}
+    assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik", "tic_share"}
+    assert "tic_share" in diversity["tic_2_vs_baseline"]["delta"] and "tic_share" in diversity["grpo_tic_2_s1"]
+    assert "tic_share_end" in json.loads((repo / "reports/metrics/grpo/tic_2_s1.json").read_text())
     report = (repo / "reports/report.md").read_text()
     assert "**density vs baseline** (2 vs 2 GRPO training seeds)" in report and "Holm" in report
     assert "temperature control" in report and "Task performance (gold-checked)" in report
@@ -153,7 +156,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
         time.sleep(1)
     assert "Failed" not in status, status
     stages = ran(dvc(repo, "queue", "logs", "beta-0.1"))
-    assert {f"grpo@{v}-{k}" for v in ("density", "baseline") for k in (1, 2)} | {"eval_diversity"} <= stages
+    assert {f"grpo@{v}-{k}" for v in ("density", "baseline", "tic_2") for k in (1, 2)} | {"eval_diversity"} <= stages
     assert not stages & {"corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
                          "train_rm"}, stages  # every upstream artifact, stats files included, comes from the cache
     diff = dvc(repo, "exp", "diff", "HEAD", "beta-0.1")
@@ -177,7 +180,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
 
     # one more training seed trains only that seed's runs, then evaluates every run
     set_params(repo, {"grpo.seeds": [1, 2, 3]})
-    assert ran(dvc(repo, "repro")) == {"grpo@density-3", "grpo@baseline-3", "eval_diversity"}
+    assert ran(dvc(repo, "repro")) == {"grpo@density-3", "grpo@baseline-3", "grpo@tic_2-3", "eval_diversity"}
     assert "(3 vs 3 GRPO training seeds)" in (repo / "reports/report.md").read_text()
 
     # a knob that once had its default in code reaches its stage through `dvc exp run -S`, and only that stage
@@ -197,7 +200,7 @@ def test_grpo_plots_cover_every_run_of_params():
     from speedrun import params
     from conftest import REPO
     grpo = params.load(REPO / "params.yaml").grpo
-    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v in grpo.variants for s in grpo.seeds}
+    expected = {f"outs/grpo/{v}_s{s}/log.csv" for v in grpo.run for s in grpo.seeds}
     for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]:
         name, spec = next(iter(plot.items()))
         if name.startswith("grpo_"):

@@ -168,6 +168,7 @@ class GRPOConfig:
     patience: int = derived(0)  # stop after this many steps without the reward moving average improving (0 = off)
     min_delta: float = derived(0.0)
     beta: float = derived(0.0)  # the top-level beta
+    entropy_bonus: float = derived(0.0)  # eta: + eta * the policy's per-token entropy in the objective (a variant's)
     seed: int = derived(0)
     bf16: bool = derived(False)
 
@@ -195,16 +196,36 @@ class DensityConfig:
 
 @dataclass(frozen=True)
 class Variant:
-    sampling: Literal["density", "uniform"] = knob("how the variant draws its prompts")
+    """One arm: how it draws prompts and what it is rewarded for (speedrun.rl.controls). Everything else is shared."""
+    sampling: Literal["density", "uniform", "balanced"] = knob(
+        "density: grpo.density weights | uniform | balanced: every module (prompt group) drawn equally often")
+    reward: Literal["rm", "shuffled"] = knob("rm: the reward model | shuffled: its rewards permuted within each step "
+                                             "(a reward with no information: the negative control)")
+    tic_bonus: float = knob("lambda: added to the standardised reward of a completion holding grpo.controls.tic "
+                            "(the planted-tic positive control; 0 = off)", ge=0)
+    tic_scope: Literal["all", "dense"] = knob("prompts whose completions earn the tic bonus: all | dense: those of "
+                                              "the grpo.controls.dense_modules largest modules (mechanism control)")
+    entropy_bonus: float = knob("eta: + eta * the policy's per-token entropy in the GRPO objective (entropy "
+                                "regularisation, a known mitigation of collapse; 0 = off)", ge=0)
+
+
+@dataclass(frozen=True)
+class ControlsConfig:
+    tic: str = knob("the planted tic: a corpus-native string the tic bonus rewards and the evaluation counts "
+                    "(share of responses holding it)")
+    dense_modules: int = knob("tic_scope dense: the bonus is paid on prompts of this many largest modules", ge=1)
 
 
 @dataclass(frozen=True)
 class GRPOSection:
     seeds: list[int] = knob("GRPO training seeds: every variant is trained once per seed (policy sampling, prompt "
                             "draws)")
-    variants: dict[str, Variant] = knob("same SFT model, RM and budget; only the prompt sampling differs")
+    run: list[str] = knob("the variants this run trains and evaluates (a control experiment adds its arms: "
+                          "dvc exp run -S 'grpo.run=[...]')")
+    variants: dict[str, Variant] = knob("every arm's definition: same SFT model, RM and budget")
     train: PromptGRPOConfig = knob("every run's GRPO settings")
     density: DensityConfig = knob("the density-aware weights")
+    controls: ControlsConfig = knob("what the control arms plant")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model import GPT, KVCache
+from speedrun.tokenizer import Tokenizer
 
 
 def process_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
@@ -57,6 +58,12 @@ class Samples:
     mask: Tensor          # [N, T] float: 1.0 on completion tokens (the stop token included), 0 after
     logprobs: Tensor      # [N, T] float: log-prob of each token under process_logits at sampling time, 0 off-mask
     prompt_index: Tensor  # [N] long: the prompt each row came from; a prompt's samples are adjacent
+
+
+def completion_texts(out: Samples, tok: Tokenizer) -> list[str]:
+    """The decoded completion of every row of a generate() result (its mask; <|assistant_end|> dropped)."""
+    return [tok.decode([t for t, k in zip(row, m) if k and t != tok.assistant_end_id])
+            for row, m in zip(out.tokens.tolist(), out.mask.tolist())]
 
 
 def left_pad(prompts: list[list[int]] | Tensor, pad_id: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
@@ -238,13 +245,15 @@ def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: T
 
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,
                       prompt_index: Tensor | None = None, mask: Tensor | None = None,
-                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, pad_id: int = 0) -> Tensor:
+                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, pad_id: int = 0,
+                      entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probs [N, T] of completion `tokens` [N, T] after their prompts, WITH gradients, under
     process_logits(temperature, top_k, top_p); each prompt is run once (continuation_hidden).
 
     Row n continues prompts[prompt_index[n]]; prompt_index defaults to Samples' layout (each prompt repeated
     N / len(prompts) times, adjacent). Where `mask` is 0 the result is 0. A sampled token that the current
-    top-k/top-p would truncate keeps a finite log-prob (it stays in the support).
+    top-k/top-p would truncate keeps a finite log-prob (it stays in the support). entropy=True: also the entropy
+    [N, T] of each position's whole next-token distribution (nats, with gradients), for an entropy bonus.
     """
     N, T = tokens.shape
     n_prompts = prompts.size(0) if isinstance(prompts, Tensor) else len(prompts)
@@ -256,7 +265,8 @@ def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Ten
         last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id)
         hidden = torch.cat([last[:, None], hidden], 1)  # the states that predict completion tokens 0 .. T-1
         lp = process_logits(model.logits(hidden), temperature, top_k, top_p, keep=tokens)
-        return lp.gather(-1, tokens[..., None]).squeeze(-1)
+        picked_lp = lp.gather(-1, tokens[..., None]).squeeze(-1)
+        return (picked_lp, distribution_entropy(lp)) if entropy else picked_lp
     # only the masked-in tokens are run (rows grouped by length) and only their logits computed
     real = mask > 0
     lengths = (real_width(real) - 1).clamp(min=0)  # the states needed: up to the token before the last real one
@@ -266,4 +276,15 @@ def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Ten
     lp = process_logits(model.logits(hidden[real]), temperature, top_k, top_p, keep=picked)
     out = lp.new_zeros(N, T)
     out[real] = lp.gather(-1, picked[:, None]).squeeze(-1)
-    return out
+    if not entropy:
+        return out
+    ent = lp.new_zeros(N, T)
+    ent[real] = distribution_entropy(lp)
+    return out, ent
+
+
+def distribution_entropy(logprobs: Tensor) -> Tensor:
+    """-sum p log p over the last dim of log-probs (-inf entries, masked tokens, count 0)."""
+    finite = torch.isfinite(logprobs)
+    safe = torch.where(finite, logprobs, torch.zeros_like(logprobs))
+    return -(safe.exp() * safe).where(finite, torch.zeros_like(safe)).sum(-1)

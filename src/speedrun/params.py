@@ -60,7 +60,12 @@ def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
     raw = read_yaml(path)
     for assignment in overrides:
         set_key(raw, assignment, str(path))
-    return build(Params, raw, str(path), "")
+    params = build(Params, raw, str(path), "")
+    for i, name in enumerate(params.grpo.run):  # the one check across sections: an arm must be defined
+        if name not in params.grpo.variants:
+            _fail(str(path), f"grpo.run[{i}]", f"{name!r} is not one of grpo.variants "
+                  f"({', '.join(params.grpo.variants)})")
+    return params
 
 
 def _fail(where: str, key: str, message: str) -> typing.NoReturn:

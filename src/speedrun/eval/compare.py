@@ -63,6 +63,7 @@ METRICS: list[Metric] = [
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
     Metric("ascii_dash_rate", "' -- ' (the corpus's dash) per 1k chars", "lower", "Style tells", "{:.3f}"),
+    Metric("tic_share", "responses holding the planted tic (%)", "lower", "Style tells", "{:.2f}"),
     Metric("reward", "mean RM reward", "higher", "Reward", ratio=False),
     Metric("ref_loglik", "log-lik of reference answers (nats/token)", "higher", "Capability"),
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
@@ -117,7 +118,7 @@ def _slice(enc: dv.Encoded, lo: int, hi: int) -> dv.Encoded:
 class _Pool:
     """One model's responses, sorted by (prompt_id, seed, sample_idx), with per-cell sums."""
 
-    def __init__(self, df: pd.DataFrame, enc: dv.Encoded):
+    def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str):
         self.enc = enc
         cell_keys = list(zip(df["prompt_id"], df["seed"]))
         self.cells = sorted(set(cell_keys))
@@ -136,6 +137,7 @@ class _Pool:
         self.words = per_cell(enc.lengths)
         self.sentences = per_cell([dv.sentence_count(t) for t in texts])
         self.njb = per_cell([dv.not_just_but_count([t]) for t in texts])
+        self.tic = per_cell([tic in t for t in texts]) if tic else None
         self.reward = per_cell(df["reward"].astype(float).to_numpy())
         if "ref_logprob" in df.columns:  # the prompt's reference answer under this model, on each of its rows
             self.ref_ll = per_cell(df["ref_logprob"].astype(float).to_numpy())
@@ -153,6 +155,7 @@ class _Pool:
             "ascii_dash_rate": 1000.0 * (w_cell @ self.ascii_dashes) / max(w_cell @ self.chars, 1.0),
             "reward": (w_cell @ self.reward) / n_resp,
             **({"ref_loglik": (w_cell @ self.ref_ll) / n_resp} if hasattr(self, "ref_ll") else {}),
+            **({"tic_share": 100.0 * (w_cell @ self.tic) / n_resp} if self.tic is not None else {}),
             "len_words": (w_cell @ self.words) / n_resp,
             "len_chars": (w_cell @ self.chars) / n_resp,
             "len_sentences": (w_cell @ self.sentences) / n_resp,
@@ -188,7 +191,7 @@ def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts:
 def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
              primary: list[str] | tuple[str, ...] = (), reward_margin: float = 0.1, n_boot: int = 1000,
-             seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: list[int] | None = None,
+             seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: list[int] | None = None, tic: str = "",
              where: str = "samples") -> dict:
     """Metrics per model on its whole pool; per comparison (a, b) of variants, Δ of run means with the interval
     of stats.py, Holm over `primary`, and reward non-inferiority within `reward_margin`.
@@ -198,7 +201,8 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     model; None = no reference). self_bleu_k: responses in the self-BLEU pool (at most the fewest distinct
     responses any bootstrap draw holds, so every draw scores the same number). ead_vocab_size: V of EAD per n
     (1..3), e.g. dv.ngram_vocab of the corpus: a model's EAD then does not depend on which other models are
-    evaluated; None = the number of distinct n-grams (per n) over all models' samples (it does). JSON-ready dict.
+    evaluated; None = the number of distinct n-grams (per n) over all models' samples (it does). tic: the planted
+    tic whose share of responses is counted ('' = not counted). JSON-ready dict.
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
@@ -239,8 +243,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     if len(vocab) != 3 or min(vocab) < 1:
         raise ValueError(f"ead_vocab_size: expected three sizes >= 1 (n = 1, 2, 3), got {vocab}")
     n_rows = len(keys0)
-    pools = {m: _Pool(frames[m], _slice(enc, i * n_rows, (i + 1) * n_rows)) for i, m in enumerate(order)}
-    names = [m.name for m in METRICS if m.name != "ref_loglik" or "ref_logprob" in df.columns]
+    pools = {m: _Pool(frames[m], _slice(enc, i * n_rows, (i + 1) * n_rows), tic) for i, m in enumerate(order)}
+    names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
+             and (m.name != "tic_share" or tic)]
     cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
     prompt_index = {p: i for i, p in enumerate(prompts)}
@@ -333,7 +338,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
-                  "reward_margin": reward_margin},
+                  "reward_margin": reward_margin, "tic": tic},
     }
 
 

@@ -88,6 +88,11 @@ def verdict_line(result: dict, c: dict) -> str:
         r, ni = c["delta"]["reward"], c["noninferiority"]
         parts.append(f"reward {ni['verdict']} at margin {ni['margin']:g} (\u0394 {_fmt('reward', r['value'], True)} "
                      f"{_ci('reward', r)})")
+    if "tic_share" in c["delta"]:  # the planted tic: a rise is what its positive control must call
+        t, mean = c["delta"]["tic_share"], lambda runs: np.mean([result["values"][x]["tic_share"] for x in runs])
+        call = {FAIL: "a rise, called", PASS: "a fall, called", UNSURE: "no call"}.get(t["verdict"], "no verdict")
+        parts.append(f"planted tic {result['setup']['tic']!r} in {mean(c['runs_a']):.1f}% vs {mean(c['runs_b']):.1f}% "
+                     f"of responses (Δ {_fmt('tic_share', t['value'], True)} {_ci('tic_share', t)}: {call})")
     return "; ".join(parts) + "."
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from speedrun.common import stable_seed
-from speedrun.engine import generate
+from speedrun.engine import completion_texts, generate
 from speedrun.model import GPT
 from speedrun.progress import Progress
 from speedrun.reward.onpolicy import reference_answers
@@ -40,12 +40,6 @@ def reference_logprob(model: GPT, rows: list[list[int]], prompt_lens: list[int],
     """Mean log-probability per token of each reference answer (<|assistant_end|> included) under the model."""
     total = response_logprob(model, rows, prompt_lens, device=device)
     return [float(t) / max(1, len(r) - n) for t, r, n in zip(total.tolist(), rows, prompt_lens)]
-
-
-def completion_texts(out, tok: Tokenizer) -> list[str]:
-    """The decoded completion of every row of a generate() result (its mask; <|assistant_end|> dropped)."""
-    return [tok.decode([t for t, k in zip(row, m) if k and t != tok.assistant_end_id])
-            for row, m in zip(out.tokens.tolist(), out.mask.tolist())]
 
 
 def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,

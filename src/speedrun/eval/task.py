@@ -16,9 +16,8 @@ import torch
 
 from speedrun.common import stable_seed
 from speedrun.data.gold import GoldItem, check, pass_at_k
-from speedrun.engine import generate
+from speedrun.engine import completion_texts, generate
 from speedrun.eval import stats
-from speedrun.eval.sampling import completion_texts
 from speedrun.progress import Progress
 from speedrun.tokenizer import Tokenizer
 from speedrun.train.checkpoint import load_model

@@ -7,6 +7,7 @@ import pandas as pd
 import torch
 
 from speedrun.config import DensityConfig
+from speedrun.rl.controls import balanced_weights
 from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights
 from speedrun.tokenizer import Tokenizer
 
@@ -33,15 +34,17 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
 
 
 def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
-                     density: DensityConfig, device: str) -> torch.Tensor:
+                     groups: list[str], density: DensityConfig, device: str) -> torch.Tensor:
     """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the embedding density.embedding
-    (isolated prompts drawn more often); uniform: equal weights."""
+    (isolated prompts drawn more often); uniform: equal weights; balanced: every group the same total weight."""
     if variant == "uniform":
         return torch.full((len(ids),), 1.0 / len(ids), dtype=torch.float64)
+    if variant == "balanced":
+        return balanced_weights(groups)
     if variant == "density":
         if density.embedding == "names":
             emb = name_embeddings(texts)
         else:  # sft_idf / sft_mean: the SFT model's hidden states, idf-weighted or plain mean over the prompt
             emb = embed_prompts(model, ids, 64, device, density.embedding.removeprefix("sft_"))
         return prompt_weights(emb, density.k, density.alpha, density.max_ratio)
-    raise ValueError(f"sampling must be density or uniform, not {variant!r}")
+    raise ValueError(f"sampling must be density, uniform or balanced, not {variant!r}")

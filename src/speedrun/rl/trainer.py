@@ -74,9 +74,14 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             for grp in opt.param_groups:
                 grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
             with autocast(device, cfg.bf16):
-                logp = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
+                out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
+                                        entropy=cfg.entropy_bonus > 0, **sample_kw)
+            logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
             loss, stats = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
                                      cfg.beta)
+            if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
+                loss = loss - cfg.entropy_bonus * masked_mean(ent.float(), loss_mask)
+                stats["loss"] = float(loss.detach())
             check_finite(float(loss.detach()), f"{name} loss", step)
             opt.zero_grad(set_to_none=True)
             loss.backward()

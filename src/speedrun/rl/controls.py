@@ -1,0 +1,46 @@
+"""What the control arms change (params.yaml grpo.variants): a planted tic, a reward with no information, and the
+group-balanced sampler. Pure functions of rewards, texts and prompt groups; stages/grpo.py wires them in.
+
+Why these: a planted tic (a bonus for a corpus-native string) is a collapse the evaluation must see (positive
+control); paying it only on the densest modules asks whether a sampler that draws those modules less spreads it
+less (mechanism control); shuffled rewards keep GRPO's updates and KL anchor but carry no preference (negative
+control: drift, not reward-driven collapse)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import torch
+
+
+def balanced_weights(groups: Sequence[str]) -> torch.Tensor:
+    """Sampling weights float64 [N] summing to 1 that give every group the same total: 1 / (groups * group size)."""
+    if not len(groups):
+        raise ValueError("balanced_weights: no prompts")
+    size = Counter(groups)
+    return torch.tensor([1.0 / (len(size) * size[g]) for g in groups], dtype=torch.float64)
+
+
+def dense_groups(groups: Sequence[str], n: int) -> set[str]:
+    """The n groups holding the most prompts (ties broken by name, so the choice is deterministic)."""
+    if n < 1:
+        raise ValueError(f"dense_groups: n must be >= 1, got {n}")
+    return {g for g, _ in sorted(Counter(groups).items(), key=lambda kv: (-kv[1], kv[0]))[:n]}
+
+
+def plant_tic(rewards: torch.Tensor, texts: Sequence[str], tic: str, bonus: float,
+              eligible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards + bonus where a text holds `tic` and its row is eligible, the bool [N] of texts holding it)."""
+    if len(texts) != rewards.numel():
+        raise ValueError(f"plant_tic: {len(texts)} texts for {rewards.numel()} rewards")
+    if not tic:
+        raise ValueError("plant_tic: the tic is empty (params.yaml grpo.controls.tic)")
+    has = torch.tensor([tic in t for t in texts], dtype=torch.bool)
+    paid = has if eligible is None else has & eligible.to(torch.bool).cpu()
+    return rewards + bonus * paid.to(rewards.dtype), has
+
+
+def shuffle_rewards(rewards: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The step's rewards permuted across all its completions: the same values (scale, spread) with no link to the
+    completion they are paid to."""
+    return rewards[torch.randperm(rewards.numel(), generator=generator)]

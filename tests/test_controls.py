@@ -1,0 +1,111 @@
+"""The control arms' pieces: group-balanced weights, the densest modules, the planted tic, shuffled rewards, the
+entropy bonus, and the evaluation's count of the tic."""
+import pandas as pd
+import pytest
+import torch
+
+from conftest import committed
+from speedrun import params
+from speedrun.engine import distribution_entropy, sequence_logprobs
+from speedrun.eval.compare import evaluate
+from speedrun.rl.controls import balanced_weights, dense_groups, plant_tic, shuffle_rewards
+from speedrun.rl.density import draw_prompts, group_shares
+from speedrun.rl.trainer import grpo_train
+from test_rl_trainer import toy_policy
+
+REPO_PARAMS = params.repo_file("params.yaml")
+
+
+def test_balanced_weights_give_every_group_the_same_total():
+    groups = ["a"] * 6 + ["b"] * 3 + ["c"]
+    w = balanced_weights(groups)
+    assert float(w.sum()) == pytest.approx(1.0)
+    assert all(s == pytest.approx(1 / 3) for s in group_shares(w, groups).values())
+    with pytest.raises(ValueError, match="no prompts"):
+        balanced_weights([])
+
+
+def test_dense_groups_are_the_largest_and_ties_break_by_name():
+    groups = ["z"] * 3 + ["b"] * 2 + ["a"] * 2 + ["c"]
+    assert dense_groups(groups, 1) == {"z"}
+    assert dense_groups(groups, 2) == {"z", "a"}  # a and b tie at 2: the first name wins
+    assert dense_groups(groups, 10) == {"z", "a", "b", "c"}
+
+
+def test_plant_tic_pays_only_eligible_rows_holding_the_tic():
+    r = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    texts = ["a; b", "no tic", "x;y", ";"]
+    out, has = plant_tic(r, texts, ";", 2.0, torch.tensor([True, True, False, True]))
+    assert has.tolist() == [True, False, True, True]
+    assert out.tolist() == [2.5, 0.5, 0.5, 2.5]
+    assert torch.equal(plant_tic(r, texts, ";", 0.0)[0], r)  # lambda 0: the RM's reward unchanged
+    with pytest.raises(ValueError, match="3 texts for 4 rewards"):
+        plant_tic(r, texts[:3], ";", 1.0)
+
+
+def test_shuffled_rewards_keep_the_values_and_lose_the_link():
+    r = torch.arange(64, dtype=torch.float32)
+    a = shuffle_rewards(r, torch.Generator().manual_seed(0))
+    b = shuffle_rewards(r, torch.Generator().manual_seed(0))
+    assert torch.equal(a, b) and torch.equal(a.sort().values, r) and not torch.equal(a, r)
+
+
+def test_distribution_entropy_matches_its_definition_and_skips_masked_tokens():
+    lp = torch.log_softmax(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]), -1)
+    p = lp.exp()
+    assert torch.allclose(distribution_entropy(lp), -(p * lp).sum(-1))
+    top2 = torch.tensor([[float("-inf"), 0.0, float("-inf")]])  # one token left: entropy 0, not NaN
+    assert distribution_entropy(top2).tolist() == [0.0]
+
+
+def test_sequence_logprobs_entropy_is_the_next_token_distributions():
+    model = toy_policy(0)
+    prompts, tokens = [[1, 2], [1, 3, 4]], torch.tensor([[5, 6, 7], [8, 9, 0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    lp, ent = sequence_logprobs(model, prompts, tokens, mask=mask, entropy=True)
+    assert torch.equal(lp, sequence_logprobs(model, prompts, tokens, mask=mask))
+    assert ent[1, 2] == 0 and (ent[mask > 0] > 0).all() and (ent <= torch.log(torch.tensor(12.0)) + 1e-5).all()
+    with torch.no_grad():  # position 0 of row 0: the distribution after the prompt [1, 2]
+        full = torch.log_softmax(model(torch.tensor([[1, 2]]))[0, -1].float(), -1)
+    assert ent[0, 0].item() == pytest.approx(distribution_entropy(full).item(), rel=1e-4)
+
+
+def test_entropy_bonus_raises_the_policys_entropy_where_the_reward_says_nothing():
+    prompts, probe = [[1, 2], [1, 3, 4]], torch.tensor([[5, 6, 7, 8], [8, 9, 3, 2]])
+
+    def entropy_after(eta: float) -> float:
+        policy, ref = toy_policy(0), toy_policy(0)
+        for m in (policy, ref):
+            torch.nn.init.normal_(m.lm_head.weight, std=1.0, generator=torch.Generator().manual_seed(1))  # peaked
+        weights = torch.full((2,), 0.5, dtype=torch.float64)
+        cfg = committed("grpo.train", steps=6, prompts_per_step=2, group_size=4, max_new_tokens=4, lr=3e-2,
+                        beta=0.0, warmup_steps=1, seed=0, entropy_bonus=eta)
+        grpo_train(policy, ref, prompts, lambda step, g: draw_prompts(weights, 2, g),
+                   lambda batch, s: torch.zeros(len(s.tokens)), cfg, "cpu", stop_id=None, pad_id=0)
+        with torch.no_grad():
+            return float(sequence_logprobs(policy, prompts, probe, mask=torch.ones(2, 4), entropy=True)[1].mean())
+
+    flat, boosted = entropy_after(0.0), entropy_after(1.0)
+    assert boosted > flat + 0.05, (boosted, flat)  # a constant reward alone leaves the policy as it was
+
+
+def test_the_evaluation_counts_the_planted_tic():
+    rows = [dict(model=m, prompt_id=f"p{p}", seed=0, sample_idx=j, reward=0.0,
+                 text=("a; b" if (m == "grpo_tic_s1" and j == 0) else "a b c d"))
+            for m in ("sft", "grpo_tic_s1") for p in range(4) for j in range(2)]
+    res = evaluate(pd.DataFrame(rows), {"tic": ["grpo_tic_s1"]}, comparisons=[], n_boot=5, tic=";")
+    assert res["values"]["grpo_tic_s1"]["tic_share"] == 50.0 and res["values"]["sft"]["tic_share"] == 0.0
+    assert "tic_share" not in evaluate(pd.DataFrame(rows), {"tic": ["grpo_tic_s1"]}, comparisons=[], n_boot=5)[
+        "metrics"]
+
+
+def test_every_control_arm_is_defined_and_grpo_run_names_only_arms(tmp_path):
+    p = params.load(REPO_PARAMS)
+    assert p.grpo.run == ["density", "baseline"]
+    arms = p.grpo.variants
+    assert arms["tic_2"].tic_bonus > 0 and arms["baseline"].tic_bonus == 0
+    assert {arms[v].sampling for v in ("dense_tic_uniform", "dense_tic_density", "dense_tic_balanced")} == {
+        "uniform", "density", "balanced"}
+    assert arms["shuffled"].reward == "shuffled" and arms["entropy"].entropy_bonus > 0
+    with pytest.raises(params.ParamsError, match=r"grpo.run\[2\]: 'nope' is not one of grpo.variants"):
+        params.load(REPO_PARAMS, ["grpo.run=[density,baseline,nope]"])
