@@ -99,7 +99,7 @@ def test_the_evaluation_counts_the_planted_tic():
         "metrics"]
 
 
-def test_every_control_arm_is_defined_and_grpo_run_names_only_arms(tmp_path):
+def test_every_control_arm_is_defined_and_grpo_run_names_only_arms():
     p = params.load(REPO_PARAMS)
     assert p.grpo.run == ["density", "baseline"]
     arms = p.grpo.variants
