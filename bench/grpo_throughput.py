@@ -40,6 +40,7 @@ def main(
     threads: int = typer.Option(2, help="torch CPU threads"),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
     dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
+    decode: str = typer.Option("dynamic", help="dynamic, static or compiled (params.yaml compute.decode)"),
     trained: bool = typer.Option(False, help="use outs/sft, outs/rm and data/prompts (run `dvc repro grpo` first)"),
 ) -> None:
     torch.set_num_threads(threads)
@@ -63,7 +64,7 @@ def main(
                                  generator=torch.Generator().manual_seed(i)).tolist() for i in range(64)]
     cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
                   group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
-                  bf16=use_bf16(dtype, device))
+                  bf16=use_bf16(dtype, device), decode=decode)
     print(f"{'trained outs/sft + outs/rm, stop token' if trained else 'random init, no stop token'}: GPT depth "
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s); "

@@ -2,7 +2,9 @@
 
 Prints, for the default config (params.yaml: model + pretrain batch), tokens/s, model FLOP/s and
 MFU = model FLOP/s / measured matmul peak of the dtype the step uses, in fp32 and bf16 autocast,
-eager and torch.compile'd.  Usage: python bench/train_throughput.py [--steps 10] [--depth 4] [--device cpu]
+eager and torch.compile'd, and on a GPU whose dense bf16 peak is published (nanochat's denominator: 989 TFLOP/s
+for an H100) the bf16 MFU against that too.
+Usage: python bench/train_throughput.py [--steps 10] [--depth 4] [--device cpu] [--published-tflops 989]
 """
 from __future__ import annotations
 
@@ -35,6 +37,20 @@ def matmul_peak(dtype: torch.dtype, device: str, n: int = 1024, reps: int = 20) 
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
+
+
+# dense bf16 peaks from the vendors' spec sheets (no sparsity), TFLOP/s, by a substring of the device name
+PUBLISHED_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+def published_peak(device: str, given: float) -> float | None:
+    """FLOP/s: --published-tflops if given, else the spec sheet's figure for this GPU; None on a CPU."""
+    if given > 0:
+        return given * 1e12
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((t * 1e12 for key, t in PUBLISHED_BF16_TFLOPS.items() if key in name), None)
 
 
 def step_throughput(cfg: GPTConfig, batch: int, steps: int, bf16: bool, compile: bool, device: str,
@@ -74,6 +90,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=params["tokenizer"]["vocab_size"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--published-tflops", type=float, default=0.0,
+                    help="the device's published dense bf16 peak (default: the spec-sheet figure of a known GPU)")
     ap.add_argument("--optimizer", default=params["pretrain"]["optimizer"], help="adamw | muon (params.yaml)")
     args = ap.parse_args()
     cfg = GPTConfig(vocab_size=args.vocab, depth=args.depth, head_dim=params["model"]["head_dim"], seq_len=args.seq_len)
@@ -84,7 +102,10 @@ def main() -> None:
     n = 8192 if args.device == "cuda" else 1024  # a GPU needs big products to reach its peak (1024^3: ~1/8 of an H100's)
     peaks = {"fp32": matmul_peak(torch.float32, args.device, n), "bf16": matmul_peak(torch.bfloat16, args.device, n)}
     for name, p in peaks.items():
-        print(f"matmul peak {name}: {p / 1e9:,.1f} GFLOP/s")
+        print(f"matmul peak {name}: {p / 1e9:,.1f} GFLOP/s (measured)")
+    published = published_peak(args.device, args.published_tflops)
+    print(f"published dense bf16 peak: {published / 1e12:,.0f} TFLOP/s" if published else
+          "published dense bf16 peak: none known for this device (--published-tflops to give one)")
     # without bf16 units (no AVX512-BF16/AMX) bf16 matmuls are emulated and far slower than fp32: skip them
     dtypes = ["fp32", "bf16"] if peaks["bf16"] > peaks["fp32"] else ["fp32"]
     if dtypes == ["fp32"]:
@@ -94,7 +115,8 @@ def main() -> None:
             tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device, args.optimizer)
             flops = tps * flops_per_token
             print(f"{dtype} {'compiled' if compile else 'eager':8s}: {tps:8,.0f} tokens/s  "
-                  f"{flops / 1e9:8,.1f} GFLOP/s  MFU {flops / peaks[dtype]:6.1%} (of the {dtype} peak)")
+                  f"{flops / 1e9:8,.1f} GFLOP/s  MFU {flops / peaks[dtype]:6.1%} (of the measured {dtype} peak)"
+                  + (f", {flops / published:6.1%} of the published bf16 peak" if published and dtype == "bf16" else ""))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from speedrun.rl.trainer import grpo_train
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model, save_model
 
-READS = ("seed", "beta", "compute.device", "compute.dtype", "adversarial.cycles.{cycle}", "adversarial.seq_len",
+READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "adversarial.cycles.{cycle}", "adversarial.seq_len",
          "adversarial.temperature", "adversarial.grpo")
 PATHS = {"init_dir": None, "disc_dir": "outs/adv/cycle_{cycle}/disc", "corpus_dir": "data/corpus",
          "tokenizer_dir": "outs/tokenizer", "out_dir": "outs/adv/cycle_{cycle}/policy"}
@@ -41,7 +41,8 @@ def main(p, io, cycle: str) -> None:
     # the threshold is a P(natural); with logit rewards compare the mean log-odds to its log-odds
     threshold = c.reward_threshold if c.reward == "prob" else math.log(c.reward_threshold / (1 - c.reward_threshold))
     cfg = dataclasses.replace(c, temperature=a.temperature, max_new_tokens=a.seq_len - 1, beta=p.beta, seed=p.seed,
-                              bf16=use_bf16(p.compute.dtype, device), reward_threshold=threshold)
+                              bf16=use_bf16(p.compute.dtype, device), reward_threshold=threshold,
+                              decode=p.compute.decode)
     draw = lambda step, g: torch.randperm(len(pool), generator=g)[:c.prompts_per_step]  # noqa: E731
     print(f"adv_grpo@{cycle}: policy {init_dir} vs discriminator {io.disc_dir} ({disc_meta['head']} head), "
           f"{len(pool)} prompts, reward {c.reward}, beta {p.beta}")

@@ -20,10 +20,11 @@ from speedrun.rl.prompts import load_prompts, sampling_weights
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
 from speedrun.stage import run_stage
+from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model, save_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
-READS = ("beta", "compute.device", "compute.dtype", "grpo.train", "grpo.density", "grpo.controls",
+READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "grpo.train", "grpo.density", "grpo.controls",
          "grpo.variants.{variant}")
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
          "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",
@@ -33,9 +34,11 @@ PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/toke
 def main(p, io, variant: str, seed: int) -> None:
     arm = p.grpo.variants[variant]
     sampling = arm.sampling
-    dev = pick_device(p.compute.device)
+    distributed.maybe_relaunch(p.compute.nproc, "stages.grpo")
+    d = distributed.setup(pick_device(p.compute.device))
+    dev = d.device
     cfg = dataclasses.replace(p.grpo.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
-                              entropy_bonus=arm.entropy_bonus)
+                              entropy_bonus=arm.entropy_bonus, decode=p.compute.decode)
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)
@@ -59,22 +62,27 @@ def main(p, io, variant: str, seed: int) -> None:
         draws[step_idx] += 1
         return step_idx
 
-    def reward(batch: list[list[int]], s) -> torch.Tensor:
+    def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
         r = score_samples(rm, batch, s, tok.bos_id, standardise=True)
-        if arm.reward == "shuffled":
+        if arm.reward == "shuffled":  # (across processes: within each process's share)
             r = shuffle_rewards(r, shuffler)
-        eligible = in_scope[step_idx][s.prompt_index.cpu()]
+        eligible = in_scope[step_idx[distributed.rank_share(len(step_idx), d)]][s.prompt_index.cpu()]
         r, has = plant_tic(r, completion_texts(s, tok), p.grpo.controls.tic, arm.tic_bonus, eligible)
-        tic_rows.append(float(has.float().mean()))
+        n_tic = distributed.all_reduce_sum(has.double().sum().to(dev), d)  # over every process's completions
+        tic_rows.append(float(n_tic) / (len(step_idx) * cfg.group_size))
         return r
 
     ess = effective_sample_size(weights)
-    print(f"grpo {variant} seed {seed} ({sampling}, reward {arm.reward}, tic bonus {arm.tic_bonus} on "
-          f"{arm.tic_scope}, entropy bonus {arm.entropy_bonus}): {len(ids)} train prompts, weight ESS {ess:.0f} "
-          f"({ess / len(ids):.1%}), {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
+    if d.is_main:
+        print(f"grpo {variant} seed {seed} ({sampling}, reward {arm.reward}, tic bonus {arm.tic_bonus} on "
+              f"{arm.tic_scope}, entropy bonus {arm.entropy_bonus}): {len(ids)} train prompts, weight ESS {ess:.0f} "
+              f"({ess / len(ids):.1%}), {d.world} process(es) on {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = grpo_train(policy, ref, ids, draw, reward, cfg, dev, tok.assistant_end_id, tok.bos_id,
                         extra_stats=lambda idx: {"weight_ess": ess, "tic_share": tic_rows[-1]},
-                        name=f"grpo_{variant}_s{seed}", stream="grpo")  # every variant: the same random numbers
+                        name=f"grpo_{variant}_s{seed}", stream="grpo", d=d)  # every variant: the same random numbers
+    if not d.is_main:
+        distributed.teardown()
+        return
     log = pd.DataFrame(result.log)
     shares_w = group_shares(weights, groups)
     shares_d = group_shares(draws.double() / draws.sum(), groups)
@@ -104,6 +112,7 @@ def main(p, io, variant: str, seed: int) -> None:
     write_json(io.metrics, m)
     print(f"grpo {variant} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in {m['steps']} "
           f"steps, {m['completion_tokens_per_s']:.0f} completion tok/s")
+    distributed.teardown()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ def main(p, io) -> None:
     config = GPTConfig(vocab_size=tok.vocab_size, depth=mc.depth, n_embd=mc.width, head_dim=mc.head_dim,
                        seq_len=mc.seq_len)
     model = GPT(config).to(d.device)
-    cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device), monitor="val_bpb")
+    cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device),
+                              compile=p.compute.compile, monitor="val_bpb")
     sampler = data.StepSampler(len(train_win), c.batch_size, c.micro_batch, p.seed, "pretrain")
     if d.is_main:
         print(f"pretrain: {model.num_params() / 1e6:.2f}M params, {len(train_win)} train windows of {mc.seq_len}, "

@@ -34,7 +34,8 @@ def main(p, io) -> None:
     seed_everything(p.seed)
     model, meta = load_model(io.init_dir, d.device, tok.digest)
     model.train()
-    cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device), monitor="val_loss")
+    cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device),
+                              compile=p.compute.compile, monitor="val_loss")
     sampler = data.StepSampler(len(rendered["train"]), c.batch_size, c.micro_batch, p.seed, "sft")
     if d.is_main:
         print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "

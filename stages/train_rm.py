@@ -15,7 +15,8 @@ PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"],
 def main(p, io) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.train_rm")
     d = distributed.setup(pick_device(p.compute.device))
-    cfg = dataclasses.replace(p.rm, bf16=use_bf16(p.compute.dtype, d.device), monitor="val_loss")
+    cfg = dataclasses.replace(p.rm, bf16=use_bf16(p.compute.dtype, d.device),
+                              compile=p.compute.compile, monitor="val_loss")
     inputs = files_digest(*io.pairs, io.init_dir / "model.pt", io.tokenizer_dir)
     train_reward_model(io.pairs, io.init_dir, io.tokenizer_dir, cfg, p.seed, d, io.scratch_dir, io.out_dir, io.metrics,
                        fingerprint=f"rm|{p.digest()}|{inputs}")

@@ -233,3 +233,27 @@ def test_grouped_logprob_gradient_is_bitwise_repeatable_on_two_threads():
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+@pytest.mark.parametrize("decode", ["static", "compiled"])
+def test_captured_decode_matches_the_dynamic_one(decode, monkeypatch):
+    """The static-shape step (eager, or under torch.compile) samples the same tokens with the same log-probs as
+    the dynamic decode from the same per-row uniforms (a generator's stream would differ once the dynamic decode
+    drops finished rows); static keeps finished rows in their slots; a compiled rerun is bitwise identical."""
+    compactions = []
+    keep_rows = KVCache.keep_rows
+    monkeypatch.setattr(KVCache, "keep_rows", lambda self, rows: (compactions.append(len(rows)), keep_rows(self, rows)))
+    model = tiny(vocab=16, scale=0.2)
+    kw = dict(num_samples=8, max_new_tokens=20, temperature=0.9, top_k=12, top_p=0.95, stop_id=5, pad_id=0)
+    prompts = [[1, 2, 4, 5, 6], [9, 8], [15]]
+    kw["uniforms"] = torch.rand(24, 20, generator=gen(2))
+    dynamic = generate(model, prompts, **kw)
+    n_dynamic = len(compactions)
+    captured = generate(model, prompts, decode=decode, **kw)
+    assert n_dynamic > 0 and len(compactions) == (n_dynamic * 2 if decode == "compiled" else n_dynamic)
+    assert torch.equal(captured.tokens, dynamic.tokens) and torch.equal(captured.mask, dynamic.mask)
+    torch.testing.assert_close(captured.logprobs, dynamic.logprobs, atol=1e-5, rtol=1e-5)
+    again = generate(model, prompts, decode=decode, **kw)
+    assert torch.equal(again.tokens, captured.tokens) and torch.equal(again.logprobs, captured.logprobs)
+    with pytest.raises(ValueError, match="decode must be one of"):
+        generate(model, prompts, decode="graph", **kw)

@@ -27,6 +27,11 @@ class ComputeConfig:
     nproc: int = knob(">1: training stages run under torchrun --standalone --nproc_per_node N (DDP)", ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("where to run")
     dtype: Literal["auto", "fp32", "bf16"] = knob(DTYPE_HELP)
+    compile: bool = knob("torch.compile the training steps' forward and backward (pretrain, SFT, reward models); "
+                         "reruns stay byte-identical on one machine")
+    decode: Literal["dynamic", "static", "compiled"] = knob(
+        "GRPO sampling: dynamic (the cache grows, finished rows are dropped) | static (fixed shapes, every row kept) "
+        "| compiled (static under torch.compile; a CUDA graph on GPU)")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class TrainConfig:
     min_delta: float = knob("improvement of the monitored value that resets patience", ge=0)
     save_every: int = knob("steps between scratch (resume) checkpoints (0 = off)", ge=0)
     bf16: bool = derived(False)  # from compute.dtype and the device
+    compile: bool = derived(False)  # compute.compile
     monitor: str = derived("val_loss")  # the stage's eval metric for early stopping (lower is better)
 
 
@@ -171,6 +177,7 @@ class GRPOConfig:
     entropy_bonus: float = derived(0.0)  # eta: + eta * the policy's per-token entropy in the objective (a variant's)
     seed: int = derived(0)
     bf16: bool = derived(False)
+    decode: str = derived("dynamic")  # compute.decode: how generate() decodes
 
 
 @dataclass(frozen=True, kw_only=True)

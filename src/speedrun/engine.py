@@ -100,14 +100,20 @@ def _draw(logprobs: Tensor, temperature: float, generator: torch.Generator | Non
 def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, stop_id: int | None = None,
              pad_id: int = 0, generator: torch.Generator | None = None, uniforms: Tensor | None = None,
-             on_token: Callable[[Tensor, Tensor], None] | None = None) -> Samples:
+             on_token: Callable[[Tensor, Tensor], None] | None = None, decode: str = "dynamic") -> Samples:
     """Sample num_samples completions of up to max_new_tokens for every prompt (rows [i*num_samples, ...)
     belong to prompt i). A row ends at stop_id (kept, mask 1); the loop ends when every row has ended, and the
     outputs are as wide as the longest completion (at most max_new_tokens).
     Draws use only `generator` (pass one on the model's device to avoid a copy per step), or, if given,
     uniforms [N, max_new_tokens] in [0, 1): row n's t-th token takes uniforms[n, t], so that a row's draws
     do not depend on which other rows share its batch. on_token(rows, tokens) sees each step's new tokens as
-    they are drawn (streaming): the output rows still alive and their tokens."""
+    they are drawn (streaming): the output rows still alive and their tokens.
+    decode: "dynamic" grows the cache and drops finished rows (halving the batch when half have ended);
+    "static" keeps every row and a fixed-width cache through model.decode_step; "compiled" is static under
+    torch.compile (a CUDA graph on GPU). All three sample the same distribution; given the same uniforms they
+    draw the same tokens (up to float rounding), while a generator's stream differs once rows are dropped."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
     if num_samples < 1 or max_new_tokens < 0:
         raise ValueError(f"num_samples={num_samples} must be >= 1 and max_new_tokens={max_new_tokens} >= 0")
     if uniforms is not None and tuple(uniforms.shape) != (len(prompts) * num_samples, max_new_tokens):
@@ -130,8 +136,13 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
     # prefill each prompt once, then give each of its samples its own copy of the cache
     cache = KVCache(model.config, B, P, device)
     last = model.logits(model.hidden(ids, key_mask=key_mask, kv_cache=cache)[:, -1])  # left padding: -1 is real
-    cache = cache.expand(num_samples, P + max_new_tokens)
+    static = decode != "dynamic"
+    width = P + max_new_tokens
+    if static:  # few distinct widths, so a captured step is reused across batches of other prompt lengths
+        width = -(-width // STATIC_WIDTH) * STATIC_WIDTH
+    cache = cache.expand(num_samples, width)
     last = last.repeat_interleave(num_samples, 0)  # replicated BEFORE the first draw: samples differ from token 1
+    step_fn = compiled_decode_step(device) if decode == "compiled" else GPT.decode_step
 
     rows = torch.arange(N, device=device)  # output row of each cache row
     alive = torch.ones(N, dtype=torch.bool, device=device)
@@ -152,13 +163,34 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
             n_alive = int(alive.sum())
             if n_alive == 0:
                 break
-            if 2 * n_alive <= len(rows):  # compact when half the rows ended: at most log2(N) copies of the cache
+            if decode != "static" and 2 * n_alive <= len(rows):  # compact when half the rows ended: at most log2(N) copies of the cache
                 keep = alive.nonzero().squeeze(-1)
                 cache.keep_rows(keep)
                 rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
-        last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
+        if static:
+            last, new_k, new_v = step_fn(model, nxt, cache.k, cache.v, cache.valid, cache.lengths)
+            cache.k[:, :, :, cache.pos] = new_k[:, :, :, 0]
+            cache.v[:, :, :, cache.pos] = new_v[:, :, :, 0]
+            cache.valid[:, cache.pos] = True
+            cache.lengths += 1
+            cache.pos += 1
+        else:
+            last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
     used = t + 1  # columns after the longest completion hold only padding: cut them (less work downstream)
     return Samples(tokens[:, :used], mask[:, :used], logprobs[:, :used], prompt_index)
+
+
+DECODE_MODES = ("dynamic", "static", "compiled")
+STATIC_WIDTH = 64  # a static cache's width is rounded up to a multiple of this
+_COMPILED: dict[str, Callable] = {}
+
+
+def compiled_decode_step(device: torch.device | str) -> Callable:
+    """GPT.decode_step under torch.compile, one per device type (a CUDA graph on GPU: reduce-overhead mode)."""
+    kind = torch.device(device).type
+    if kind not in _COMPILED:
+        _COMPILED[kind] = torch.compile(GPT.decode_step, mode="reduce-overhead" if kind == "cuda" else None)
+    return _COMPILED[kind]
 
 
 class PrefixCache(KVCache):

@@ -115,10 +115,15 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # fused q, k, v: one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v [B, H, T, D] of x [B, T, C]: rotary positions, then QK-norm."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        return norm(apply_rotary(q, cos, sin)), norm(apply_rotary(k, cos, sin)), v
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
-        q, k = norm(apply_rotary(q, cos, sin)), norm(apply_rotary(k, cos, sin))  # QK-norm
+        q, k, v = self.project(x, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)
         if mask is None:  # no padding: plain causal (a 1-token query may see every cached key)
@@ -211,6 +216,30 @@ class GPT(nn.Module):
             kv_cache.pos += T
             kv_cache.lengths += key_mask.sum(1)
         return norm(x)
+
+    def decode_step(self, token: Tensor, k: Tensor, v: Tensor, valid: Tensor, lengths: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One decode step with static shapes, for capture (torch.compile, CUDA graphs): token [N] follows the
+        cached keys/values k, v [L, N, H, S, D] (valid [N, S]: the columns holding real tokens; lengths [N]: each
+        row's position). Returns (logits [N, V], the token's keys and values [L, N, H, 1, D]); it writes nothing,
+        so the caller stores them (a captured step mutates none of its inputs). Same math as hidden() + logits(),
+        with the attention written out: one query against S keys plus itself."""
+        N = token.size(0)
+        cos, sin = rotary(lengths[:, None], self.config.head_dim)
+        bias = torch.zeros(valid.shape, device=valid.device).masked_fill(~valid, float("-inf"))[:, None, None, :]
+        scale = self.config.head_dim ** -0.5
+        x = norm(self.wte(token[:, None]))
+        new_k, new_v = [], []
+        for layer, block in enumerate(self.blocks):
+            q, k1, v1 = block.attn.project(norm(x), cos, sin)  # [N, H, 1, D]
+            new_k.append(k1)
+            new_v.append(v1)
+            scores = torch.cat([(q @ k[layer].transpose(-1, -2).to(q.dtype)).float() * scale + bias,
+                                (q * k1).sum(-1, keepdim=True).float() * scale], -1).softmax(-1)
+            y = scores[..., :-1].to(q.dtype) @ v[layer].to(q.dtype) + scores[..., -1:].to(q.dtype) * v1
+            x = x + block.attn.c_proj(y.transpose(1, 2).reshape(N, 1, -1))
+            x = x + block.mlp(norm(x))
+        return self.logits(norm(x)[:, -1]), torch.stack(new_k), torch.stack(new_v)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """lm head + tanh softcap, in fp32: [..., V]."""

@@ -77,12 +77,16 @@ def token_loss(
     mask: torch.Tensor,
     clip_eps: float,
     beta: float,
+    normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped GRPO surrogate + beta * k3 KL, averaged over the masked (completion) tokens of the batch.
 
     logp/old_logp/ref_logp/mask: [B, T] log-probs of the sampled tokens under the current policy, the
     sampling policy and the frozen reference; advantages: [B], one per sequence. old_logp and ref_logp
     are constants. Per token: -min(rho*A, clip(rho, 1-eps, 1+eps)*A) + beta*(exp(ref-logp) - (ref-logp) - 1).
+    normaliser: the loss divides the summed token terms by it instead of this batch's masked-token count (a rank
+    of a multi-process step passes the count over all ranks, so the summed gradients are the whole batch's);
+    the stats stay means over this batch's tokens.
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
@@ -112,7 +116,7 @@ def token_loss(
     d = ref - logp
     kl = torch.exp(d) - d - 1.0
     per_token = pg + beta * kl
-    loss = torch.where(m, per_token, zero).sum() / n
+    loss = torch.where(m, per_token, zero).sum() / (n if normaliser is None else normaliser)
 
     with torch.no_grad():
         nf = n.to(logp.dtype)

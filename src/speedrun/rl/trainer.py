@@ -17,7 +17,8 @@ from speedrun.common import check_finite, stable_seed
 from speedrun.config import GRPOConfig
 from speedrun.engine import Samples, generate, sequence_logprobs
 from speedrun.progress import Progress
-from speedrun.rl.grpo import group_advantages, masked_mean, token_loss, zero_std_fraction
+from speedrun.rl.grpo import group_advantages, token_loss, zero_std_fraction
+from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
 from speedrun.train.loop import autocast
 
 # (step, generator) -> indices of the step's prompts
@@ -37,66 +38,88 @@ class GRPOResult:
 def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw: DrawFn, reward_fn: RewardFn,
                cfg: GRPOConfig, device: str, stop_id: int | None, pad_id: int,
                extra_stats: Callable[[torch.Tensor], dict] | None = None, name: str = "grpo",
-               stream: str | None = None) -> GRPOResult:
+               stream: str | None = None, d: Dist | None = None) -> GRPOResult:
     """Train `policy` in place against `reward_fn`; returns the per-step log and why it stopped. The sampling and
     prompt-draw generators are keyed on (cfg.seed, stream or name, step): runs that share a stream share their
-    random numbers (the arms of one training seed, so their comparison is paired)."""
+    random numbers (the arms of one training seed, so their comparison is paired). Each completion token takes
+    its own uniform from the step's generator (engine.generate's uniforms), so a row's draws do not depend on the
+    rows beside it. Across processes (d, under torchrun): every rank draws the step's prompts, samples and
+    scores its contiguous share of them, the rewards are gathered (advantages and logs see the whole batch), the
+    loss divides by the global token count and the gradients are summed: the same step as one process, up to
+    float rounding. reward_fn sees this rank's share."""
+    d = d or Dist(0, 1, device)
     stream = stream or name
     ref.eval().requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=0.0)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sample_kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    G = cfg.group_size
     log: list[dict] = []
     best_avg, bad_steps, stop_reason, tokens, t_start = -float("inf"), 0, "steps", 0, time.perf_counter()
-    bar = Progress(cfg.steps, name)
+    bar = Progress(cfg.steps, name, enabled=None if d.is_main else False)
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, stream, step))
         idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, stream, "draw", step)))
-        batch = [prompts[i] for i in idx.tolist()]
+        share = rank_share(len(idx), d)
+        rows = slice(share.start * G, share.stop * G)  # this rank's completions
+        batch = [prompts[i] for i in idx[share].tolist()]
+        uniforms = torch.rand(len(idx) * G, cfg.max_new_tokens, generator=g, device=device)[rows]
         policy.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
-            s = generate(policy, batch, cfg.group_size, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id,
-                         generator=g, **sample_kw)
-            rewards = reward_fn(batch, s).float().cpu()
+            s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
+                         decode=cfg.decode, **sample_kw)
+            local_rewards = reward_fn(batch, s).float().to(device)
             ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
+        rewards = all_gather_cat(local_rewards, d).cpu()
         check_finite(float(rewards.mean()), f"{name} reward", step)
         t_sample = time.perf_counter() - t0
-        adv = group_advantages(rewards, cfg.group_size, scale=cfg.adv_scale).to(device)
+        adv_all = group_advantages(rewards, G, scale=cfg.adv_scale)
+        adv = adv_all[rows].to(device)
         # a truncated completion was scored mid-sentence; masking it (TRL's mask_truncated_completions) keeps it
         # in its group's advantages but out of the gradient
         truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
             torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
         loss_mask = s.mask * (~truncated)[:, None] if cfg.truncated == "mask" else s.mask
+        # per completion: tokens, summed sampling log-probs, truncated; over all ranks
+        per_row = all_gather_cat(torch.stack([s.mask.sum(1), (s.logprobs * s.mask).sum(1),
+                                              truncated.float()], 1), d).cpu()
+        n_loss = float(all_reduce_sum(loss_mask.sum().detach().clone(), d))
         policy.train()
         stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
-        for _ in range(cfg.inner_updates if loss_mask.any() else 0):  # every completion masked: no update
+        for _ in range(cfg.inner_updates if n_loss > 0 else 0):  # every completion masked: no update
             for grp in opt.param_groups:
                 grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
             with autocast(device, cfg.bf16):
                 out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
                                         entropy=cfg.entropy_bonus > 0, **sample_kw)
             logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
-            loss, stats = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
-                                     cfg.beta)
+            loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
+                                     cfg.beta, normaliser=n_loss) if loss_mask.any() else \
+                ((logp * 0).sum(), dict.fromkeys(stats, 0.0))  # a rank with no token still joins the all-reduce
             if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
-                loss = loss - cfg.entropy_bonus * masked_mean(ent.float(), loss_mask)
-                stats["loss"] = float(loss.detach())
-            check_finite(float(loss.detach()), f"{name} loss", step)
+                loss = loss - cfg.entropy_bonus * (ent.float() * (loss_mask > 0)).sum() / n_loss
+            # each rank's stats are means over its tokens: weigh them by its token count
+            n_local = float(loss_mask.sum())
+            keys = ["pg_loss", "kl", "clip_frac", "ratio_mean"]
+            summed = all_reduce_sum(torch.tensor([float(loss.detach())] + [local[k] * n_local for k in keys],
+                                                 dtype=torch.float64), d)
+            stats = {"loss": float(summed[0]), **{k: float(v) / n_loss for k, v in zip(keys, summed[1:])}}
+            check_finite(stats["loss"], f"{name} loss", step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = float(nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
+            all_reduce_grads(params, d)
+            grad_norm = float(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
             opt.step()
-        n_tok = int(s.mask.sum())
+        n_tok = int(per_row[:, 0].sum())
         tokens += n_tok
-        lengths = s.mask.sum(1)
         row = {"step": step + 1, "loss": stats["loss"], "pg_loss": stats["pg_loss"], "kl": stats["kl"],
                "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-               "zero_std_frac": zero_std_fraction(rewards, cfg.group_size), "adv_mean": float(adv.mean()),
-               "logp_mean": float(masked_mean(s.logprobs, s.mask)),
+               "zero_std_frac": zero_std_fraction(rewards, G), "adv_mean": float(adv_all.mean()),
+               "logp_mean": float(per_row[:, 1].sum()) / max(n_tok, 1),
                # the sampled tokens' mean surprisal: an unbiased estimate of the sampling entropy per token
-               "entropy": float(-masked_mean(s.logprobs, s.mask)), "completion_len": float(lengths.mean()),
-               "truncated_frac": float(truncated.float().mean()),
+               "entropy": -float(per_row[:, 1].sum()) / max(n_tok, 1), "completion_len": float(per_row[:, 0].mean()),
+               "truncated_frac": float(per_row[:, 2].mean()),
                "clip_frac": stats["clip_frac"], "ratio_mean": stats["ratio_mean"], "grad_norm": grad_norm,
                "tokens_per_s": n_tok / (time.perf_counter() - t0),
                "sample_frac_time": t_sample / (time.perf_counter() - t0)}
@@ -104,8 +127,9 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             row.update(extra_stats(idx))
         log.append(row)
         bar.update(1, reward=f"{row['reward_mean']:+.3f}", kl=f"{row['kl']:.4f}")
-        bar.log(f"{name} step {step + 1}/{cfg.steps}: reward {row['reward_mean']:+.3f} ± {row['reward_std']:.3f}, "
-                f"kl {row['kl']:.4f}, len {row['completion_len']:.1f}, {row['tokens_per_s']:.0f} tok/s")
+        if d.is_main:
+            bar.log(f"{name} step {step + 1}/{cfg.steps}: reward {row['reward_mean']:+.3f} ± {row['reward_std']:.3f}, "
+                    f"kl {row['kl']:.4f}, len {row['completion_len']:.1f}, {row['tokens_per_s']:.0f} tok/s")
         if row["reward_mean"] >= cfg.reward_threshold:
             stop_reason = "reward_threshold"
             break

@@ -47,6 +47,33 @@ def all_reduce_sum(x: torch.Tensor, d: Dist) -> torch.Tensor:
     return x
 
 
+def all_gather_cat(x: torch.Tensor, d: Dist) -> torch.Tensor:
+    """Every rank's x (same shape on every rank) concatenated along dim 0, in rank order."""
+    if d.world == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(d.world)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter], d: Dist) -> None:
+    """Sum the gradients over ranks, in one flat buffer (a parameter without a gradient counts as zeros)."""
+    if d.world == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = all_reduce_sum(torch.cat([g.reshape(-1) for g in grads]), d)
+    for p, g in zip(params, flat.split([g.numel() for g in grads])):
+        p.grad = g.view_as(p).clone()
+
+
+def rank_share(n: int, d: Dist) -> slice:
+    """This rank's contiguous share of n items (n must split evenly)."""
+    if n % d.world:
+        raise ValueError(f"{n} items do not split evenly over {d.world} processes")
+    k = n // d.world
+    return slice(d.rank * k, (d.rank + 1) * k)
+
+
 def barrier(d: Dist) -> None:
     if d.world > 1:
         dist.barrier()

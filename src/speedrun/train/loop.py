@@ -103,6 +103,14 @@ def autocast(device: str, bf16: bool) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
 
 
+def compile_deterministic(model: nn.Module) -> nn.Module:
+    """torch.compile with deterministic kernels: by default inductor accumulates some gradients with atomics on
+    CPU (the embedding's backward), so two runs differ in the last bits; this keeps reruns byte-identical."""
+    torch.use_deterministic_algorithms(True)
+    torch._inductor.config.deterministic = True
+    return torch.compile(model)
+
+
 def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn, d: Dist,
           scratch: Path | None = None, fingerprint: str = "", loss_fn: LossFn = lm_loss_sum,
           log_every: int = 10, name: str = "train") -> TrainResult:
@@ -110,6 +118,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
     fingerprint = stable_hash(fingerprint, cfg, d.world)
     optimizer = make_optimizer(model, cfg)
     ddp_model = DDP(model) if d.world > 1 else model
+    step_model = compile_deterministic(ddp_model) if cfg.compile else ddp_model  # the eval runs the plain module
     start, log, evals, best, best_seen, best_state, bad_evals, tokens = 0, [], [], math.inf, math.inf, None, 0, 0
     resume_path = Path(scratch) / "resume.pt" if scratch else None
     state = load_resume(resume_path, fingerprint) if resume_path else None
@@ -161,7 +170,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
             sync = i == len(micro) - 1 or d.world == 1
             ctx = contextlib.nullcontext() if sync else ddp_model.no_sync()
             with ctx, autocast(d.device, cfg.bf16):
-                loss = loss_fn(ddp_model, x, y) * (d.world / n_global)  # DDP averages grads over ranks
+                loss = loss_fn(step_model, x, y) * (d.world / n_global)  # DDP averages grads over ranks
             loss.backward()
             loss_total += float(loss.detach()) / d.world
         loss_value = float(all_reduce_sum(torch.tensor(loss_total), d))
