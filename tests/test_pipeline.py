@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import yaml
 
-from conftest import dvc, git, make_pipeline_repo, set_params
+from conftest import dvc, git, make_pipeline_repo, run_module, set_params
 
 MICRO = {"corpus.max_docs": 600, "tokenizer.vocab_size": 512}
 
@@ -99,7 +99,7 @@ def ran(out: str) -> set[str]:
     return {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
 
 
-def test_whole_dag_repro_experiment_and_metrics(tmp_path):
+def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
     out = dvc(repo, "repro")
     stages = ran(out)
@@ -139,6 +139,17 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path):
               "adv_data@1", "adv_rm@1", "adv_grpo@1"]
     assert ran(dvc(repo, "repro", "-f", "-s", *forced)) == set(forced)  # -s: these stages only, not downstream
     assert digest() == first
+
+    # one GRPO run (the planted-tic control: its bonus and tic count go through the ranks' shares) under 2 processes
+    # takes the DAG's steps: same draws, same rewards and tic share up to float rounding (each rank scores half)
+    elsewhere = tmp_path_factory.mktemp("grpo_two_processes")  # outside the repo (tmp_path)
+    run_module("stages.grpo", "--variant", "tic_2", "--seed", "1", "-S", "compute.nproc=2", "--out-dir",
+               str(elsewhere / "run"), "--metrics", str(elsewhere / "run.json"), cwd=repo)
+    one, two = (json.loads(f.read_text()) for f in (repo / "reports/metrics/grpo/tic_2_s1.json", elsewhere / "run.json"))
+    assert (two["steps"], two["epochs"], two["draws_per_prompt_max"]) == (one["steps"], one["epochs"],
+                                                                           one["draws_per_prompt_max"])
+    for k in ("reward_start", "reward_end", "tic_share_start", "tic_share_end", "completion_len_end"):
+        assert abs(two[k] - one[k]) <= 0.05 * max(1.0, abs(one[k])), (k, one[k], two[k])
 
     # the README's comparison recipe: metrics side by side, then an experiment on beta
     show = dvc(repo, "metrics", "show")

@@ -146,7 +146,7 @@ def test_mde_shrinks_with_seeds_and_the_power_table_reads_the_comparison():
 
 
 def test_the_manipulation_check_measures_how_far_the_prompt_mix_moves():
-    from speedrun.eval.controls import manipulation_check
+    from speedrun.eval.controls import crowding_bins, manipulation_check, noise_floor_tv
     groups = ["big"] * 6 + ["mid"] * 3 + ["small"]
     frame = lambda w, draws: pd.DataFrame({"prompt_id": [f"p{i}" for i in range(10)], "group": groups,  # noqa: E731
                                            "weight": w, "draws": draws})
@@ -161,3 +161,15 @@ def test_the_manipulation_check_measures_how_far_the_prompt_mix_moves():
     assert check["drawn_tv_between_arms"] > 0 and check["drawn_tv_between_seeds"] > 0
     same = manipulation_check({"a": runs["baseline"], "b": runs["baseline"]}, "a", "b")
     assert same["prompt_tv"] == same["group_tv"] == same["drawn_tv_between_arms"] == 0.0
+    assert same["bin_tv_between_arms"] == 0.0 and not same["passes"]
+    # crowding bins: modules by size, cut at equal prompt counts (a module's bin is where its middle prompt falls)
+    assert crowding_bins(pd.Series(groups)).to_dict() == {"small": 0, "mid": 1, "big": 3}
+    assert check["bin_share"]["density"] == [pytest.approx(1 / 3, abs=1e-4)] * 3 and check["crowding_bins"] == 3
+    # one module per bin here: the bin mixes are the module mixes
+    assert check["bin_tv_between_arms"] == pytest.approx(check["drawn_tv_between_arms"])
+    assert check["bin_arm_to_seed_ratio"] == pytest.approx(check["drawn_tv_between_arms"]
+                                                           / check["drawn_tv_between_seeds"])
+    assert not check["passes"]  # group TV 0.27 < 0.3, whatever the draws
+    # the noise floor: two runs of 20 draws from one set of weights differ by about TV 0.2 over 3 groups
+    floor = noise_floor_tv(runs["baseline"][1], pd.Series({"big": "big", "mid": "mid", "small": "small"}))
+    assert 0.1 < floor < 0.3

@@ -11,6 +11,12 @@ from speedrun.eval import stats
 from speedrun.eval.compare import METRIC_BY_NAME, evaluate
 
 MIN_RHO = 0.9
+# the manipulation check's bar (issue 26): the weights move the module mix by TV >= MIN_GROUP_TV, and the realised
+# draws differ between arms more than MIN_ARM_RATIO x between seeds of one arm
+MIN_GROUP_TV, MIN_ARM_RATIO = 0.3, 2.0
+# a run's few hundred draws cannot resolve ~170 modules (seed noise alone moves the drawn module mix by TV ~0.3),
+# so the realised mix is also compared over this many crowding bins: modules by size, equal prompt counts per bin
+CROWDING_BINS = 5
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -90,12 +96,35 @@ def _tv(p: pd.Series, q: pd.Series) -> float:
     return float(0.5 * p.sub(q, fill_value=0.0).abs().sum())
 
 
+def crowding_bins(groups: pd.Series, n_bins: int = CROWDING_BINS) -> pd.Series:
+    """Each group's crowding bin (0 = the smallest modules): groups sorted by prompt count (then name), cut where the
+    running prompt count crosses each 1/n_bins of the total, so bins hold about equal numbers of prompts."""
+    sizes = groups.value_counts()
+    sizes = sizes.sort_index().sort_values(kind="stable")
+    mid = sizes.cumsum() - sizes / 2  # a group's bin: where its middle prompt falls
+    return (mid / sizes.sum() * n_bins).astype(int).clip(upper=n_bins - 1)
+
+
+def noise_floor_tv(frame: pd.DataFrame, labels: pd.Series, sims: int = 200, seed: int = 0) -> float:
+    """Expected TV between the drawn label mixes of two runs with the SAME weights (as many draws as `frame`'s run,
+    multinomial over prompts): the seed-to-seed spread that sampling alone makes."""
+    rng = np.random.default_rng(seed)
+    n, p = int(frame["draws"].sum()), (frame["weight"] / frame["weight"].sum()).to_numpy()
+    lab = frame["group"].map(labels).to_numpy()
+    codes, uniq = pd.factorize(lab)
+
+    def mix() -> np.ndarray:
+        return np.bincount(codes, weights=rng.multinomial(n, p), minlength=len(uniq)) / n
+    return float(np.mean([0.5 * np.abs(mix() - mix()).sum() for _ in range(sims)]))
+
+
 def manipulation_check(runs: dict[str, dict[int, pd.DataFrame]], treated: str, control: str, top: int = 4) -> dict:
     """Does the treatment change what GRPO trains on? runs: {variant: {seed: weights.parquet frame (prompt_id,
     group, weight, draws)}}. TV between the variants' weights over prompts and over groups, each one's top-`top`
     group share (groups ranked by their uniform share), the correlation of a prompt's weight with its group's size,
-    and the realised draws: TV between the arms' drawn group mixes at one seed against TV between two seeds of one
-    arm."""
+    and the realised draws: TV between the arms' drawn mixes at one seed against TV between two seeds of one arm,
+    over groups and over crowding bins, each beside the spread sampling noise alone makes (noise_floor_tv);
+    `passes`: group TV >= MIN_GROUP_TV and the arms' crowding-bin difference > MIN_ARM_RATIO x the seeds'."""
     seeds = sorted(set(runs[treated]) & set(runs[control]))
     a, b = runs[treated][seeds[0]], runs[control][seeds[0]]
     if not a["prompt_id"].equals(b["prompt_id"]):
@@ -103,18 +132,40 @@ def manipulation_check(runs: dict[str, dict[int, pd.DataFrame]], treated: str, c
     groups_a, groups_b = a.groupby("group")["weight"].sum(), b.groupby("group")["weight"].sum()
     biggest = groups_b.sort_values(ascending=False).index[:top]
     size = a["group"].map(a["group"].value_counts())
-    drawn = {v: {s: f.groupby("group")["draws"].sum() for s, f in runs[v].items()} for v in (treated, control)}
-    between_arms = [_tv(drawn[treated][s], drawn[control][s]) for s in seeds]
-    within = [_tv(d[s1], d[s2]) for d in drawn.values() for i, s1 in enumerate(sorted(d)) for s2 in sorted(d)[i + 1:]]
-    out = {"prompt_tv": _tv(a["weight"], b["weight"]), "group_tv": _tv(groups_a, groups_b),
+    bins = crowding_bins(a["group"])
+
+    def realised(label) -> tuple[float, float | None]:  # mean TV of drawn mixes: arms at one seed, seeds of one arm
+        drawn = {v: {s: f.groupby(label(f))["draws"].sum() for s, f in runs[v].items()} for v in (treated, control)}
+        arms = [_tv(drawn[treated][s], drawn[control][s]) for s in seeds]
+        within = [_tv(d[s1], d[s2]) for d in drawn.values() for i, s1 in enumerate(sorted(d))
+                  for s2 in sorted(d)[i + 1:]]
+        return float(np.mean(arms)), float(np.mean(within)) if within else None
+
+    arms_g, seeds_g = realised(lambda f: f["group"])
+    arms_b, seeds_b = realised(lambda f: f["group"].map(bins))
+    ratio = arms_b / seeds_b if seeds_b else None
+    group_tv = _tv(groups_a, groups_b)
+    out = {"prompt_tv": _tv(a["weight"], b["weight"]), "group_tv": group_tv,
            "top_groups": list(biggest),
            f"top{top}_share": {treated: float(groups_a[biggest].sum() / groups_a.sum()),
                                control: float(groups_b[biggest].sum() / groups_b.sum())},
            "weight_vs_group_size_corr": float(np.corrcoef(a["weight"], size)[0, 1]) if a["weight"].std() > 0 else 0.0,
-           "drawn_tv_between_arms": float(np.mean(between_arms)),
-           "drawn_tv_between_seeds": float(np.mean(within)) if within else None,
+           "drawn_tv_between_arms": arms_g, "drawn_tv_between_seeds": seeds_g,
+           "drawn_tv_noise_floor": noise_floor_tv(b, pd.Series(b["group"].unique(), index=b["group"].unique())),
+           "crowding_bins": len(bins.unique()),
+           "bin_share": {treated: _shares(a, bins), control: _shares(b, bins)},
+           "bin_tv_between_arms": arms_b, "bin_tv_between_seeds": seeds_b,
+           "bin_tv_noise_floor": noise_floor_tv(b, bins),
+           "bin_arm_to_seed_ratio": ratio,
+           "passes": bool(group_tv >= MIN_GROUP_TV and ratio is not None and ratio > MIN_ARM_RATIO),
            "draws_per_prompt_max": int(max(f["draws"].max() for d in runs.values() for f in d.values()))}
     return out
+
+
+def _shares(frame: pd.DataFrame, bins: pd.Series) -> list[float]:
+    """Each crowding bin's share of the sampling weight (bin 0 first)."""
+    w = frame.groupby(frame["group"].map(bins))["weight"].sum()
+    return [round(float(v), 4) for v in (w / w.sum()).sort_index()]
 
 
 def manipulation_section(check: dict, treated: str, control: str) -> str:
@@ -130,6 +181,22 @@ def manipulation_section(check: dict, treated: str, control: str) -> str:
         f"{control} | {check[top][treated]:.3f} / {check[top][control]:.3f} |",
         f"| corr(weight, group size) under {treated} | {check['weight_vs_group_size_corr']:+.3f} |",
         f"| realised drawn group mix: TV between arms (same seed) | {check['drawn_tv_between_arms']:.3f} |",
-        f"| realised drawn group mix: TV between seeds of one arm | "
-        f"{'n/a' if seeds is None else format(seeds, '.3f')} |",
-        f"| most draws of one prompt in a run | {check['draws_per_prompt_max']} |"])
+        f"| realised drawn group mix: TV between seeds of one arm (sampling noise alone: "
+        f"{check['drawn_tv_noise_floor']:.3f}) | {fmt(seeds)} |",
+        f"| weight share of the {check['crowding_bins']} crowding bins, smallest modules first: {treated} / "
+        f"{control} | {' '.join(f'{x:.2f}' for x in check['bin_share'][treated])} / "
+        f"{' '.join(f'{x:.2f}' for x in check['bin_share'][control])} |",
+        f"| realised drawn crowding-bin mix: TV between arms (same seed) | {check['bin_tv_between_arms']:.3f} |",
+        f"| realised drawn crowding-bin mix: TV between seeds of one arm (sampling noise alone: "
+        f"{check['bin_tv_noise_floor']:.3f}) | {fmt(check['bin_tv_between_seeds'])} |",
+        f"| most draws of one prompt in a run | {check['draws_per_prompt_max']} |", "",
+        f"**Manipulation check {'passes' if check['passes'] else 'FAILS'}** (bar: TV over groups ≥ {MIN_GROUP_TV}, "
+        f"and the arms' realised crowding-bin mixes differ more than {MIN_ARM_RATIO:g}× as much as two seeds' of one "
+        f"arm: {fmt(check['bin_arm_to_seed_ratio'], '.1f')}×). Over single modules the arms differ "
+        f"{fmt(None if not seeds else check['drawn_tv_between_arms'] / seeds, '.1f')}× as much as two seeds: a "
+        "run's draws are too few to resolve every module, so there the seed spread is mostly sampling noise (its "
+        "floor above); crowding bins (modules by size, equal prompt counts per bin) are the scale a run resolves."])
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
