@@ -17,13 +17,14 @@ from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
 from speedrun.eval.report import write_report
-from speedrun.eval.sampling import run_name, sample_models
+from speedrun.eval.sampling import embed_texts, run_name, sample_models
 from speedrun.eval.task import compare_task, sample_task, task_section
 from speedrun.reward.onpolicy import reference_answers
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
 from speedrun.stage import run_stage
+from speedrun.train.checkpoint import load_model
 
 READS = ("seed", "compute.device", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.run", "grpo.variants",
          "grpo.controls.tic", "grpo.seeds")
@@ -81,8 +82,11 @@ def main(p, io) -> None:
     control_samples = pd.concat([sample_models({name: io.sft_dir}, tok, rm, df, ids, None, c.seeds,
                                                c.samples_per_prompt, c.max_new_tokens, t, c.top_p, p.seed, dev)
                                  for name, t in temps.items()], ignore_index=True)
-    control = temperature_ordering(control_samples, temps, configured + [m for m in ("ead_1", "distinct_2",
-                                   "self_bleu", "within_self_bleu", "word_gini") if m not in configured], vocab, p.seed)
+    embedder, _ = load_model(io.sft_dir, dev, tok.digest)  # one fixed embedder for every model's responses
+    control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), dev)
+    control = temperature_ordering(control_samples, temps, configured + [m for m in (
+        "ead_1", "distinct_2", "self_bleu", "within_self_bleu", "within_vendi", "word_gini") if m not in configured],
+        vocab, p.seed)
     primary = [m for m in configured if control["metrics"][m]["passes"]]
     if not primary:
         raise SystemExit(f"eval: no primary metric of {configured} orders the control temperatures "
@@ -92,6 +96,7 @@ def main(p, io) -> None:
     samples = sample_models(models, tok, rm, df, ids, io.pairs, c.seeds, c.samples_per_prompt, c.max_new_tokens,
                             c.temperature, c.top_p, p.seed, dev)
     write_parquet(io.samples_out, samples)
+    samples["embedding"] = embed_texts(embedder, tok, samples["text"].tolist(), dev)  # for the Vendi score only
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
                       reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,

@@ -3,6 +3,7 @@ import math
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from speedrun.eval import diversity as dv
@@ -129,3 +130,25 @@ def test_self_bleu_subset_select():
     scores = dv.self_bleu_scores(enc, np.array([0, 1]))
     assert scores == pytest.approx([1.0, 1.0])
     assert dv.self_bleu_scores(enc, np.array([0, 2])) == pytest.approx([0.0, 0.0])
+
+
+def test_vendi_counts_effectively_distinct_items():
+    from speedrun.eval.diversity import vendi
+    assert vendi(np.ones((4, 3))) == pytest.approx(1.0)  # all alike
+    assert vendi(np.eye(4)) == pytest.approx(4.0)  # mutually orthogonal
+    assert vendi(np.array([[1.0, 0], [2.0, 0], [0, 3.0], [0, 1.0]])) == pytest.approx(2.0)  # two pairs; scale-free
+    assert 1.0 < vendi(np.array([[1.0, 0.0], [1.0, 0.3]])) < 2.0
+
+
+def test_vendi_within_prompt_in_the_evaluation():
+    """With an embedding per response the evaluation scores each prompt's responses (Vendi within prompt): a model
+    whose responses share one vector scores 1, one whose responses point apart scores the prompt's sample count."""
+    from speedrun.eval.compare import evaluate
+    rows = [dict(model=m, prompt_id=f"p{p}", seed=0, sample_idx=j, text=f"text {p} {j}", reward=0.0,
+                 embedding=np.ones(4) if m == "same" else np.eye(4)[j]) for m in ("same", "apart")
+            for p in range(3) for j in range(4)]
+    res = evaluate(pd.DataFrame(rows), {"same": ["same"], "apart": ["apart"]}, reference=None, n_boot=5)
+    assert res["values"]["same"]["within_vendi"] == pytest.approx(1.0)
+    assert res["values"]["apart"]["within_vendi"] == pytest.approx(4.0)
+    plain = evaluate(pd.DataFrame(rows).drop(columns="embedding"), {"same": ["same"]}, [], reference=None, n_boot=5)
+    assert "within_vendi" not in plain["values"]["same"]  # no embeddings, no score

@@ -111,6 +111,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
     assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik", "tic_share"}
     assert "tic_share" in diversity["tic_2_vs_baseline"]["delta"] and "tic_share" in diversity["grpo_tic_2_s1"]
+    assert 1.0 <= diversity["grpo_density_s1"]["within_vendi"] <= 2.0  # 2 samples per prompt: Vendi in [1, 2]
     assert "tic_share_end" in json.loads((repo / "reports/metrics/grpo/tic_2_s1.json").read_text())
     report = (repo / "reports/report.md").read_text()
     assert "**density vs baseline** (2 vs 2 GRPO training seeds)" in report and "Holm" in report

@@ -60,6 +60,7 @@ METRICS: list[Metric] = [
     Metric("within_distinct_2", "distinct-2 within prompt", "higher", "Within-prompt diversity"),
     Metric("within_distinct_3", "distinct-3 within prompt", "higher", "Within-prompt diversity"),
     Metric("within_self_bleu", "self-BLEU-4 within prompt", "lower", "Within-prompt diversity"),
+    Metric("within_vendi", "Vendi score within prompt (SFT embeddings)", "higher", "Within-prompt diversity"),
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
     Metric("ascii_dash_rate", "' -- ' (the corpus's dash) per 1k chars", "lower", "Style tells", "{:.3f}"),
@@ -145,6 +146,9 @@ class _Pool:
         self.within = {f"within_distinct_{k}": np.asarray(
             [dv.distinct_n([texts[i] for i in rows], k) for rows in members]) for k in (1, 2, 3)}
         self.within["within_self_bleu"] = np.asarray([dv.self_bleu_scores(enc, rows, 4).mean() for rows in members])
+        if "embedding" in df.columns:  # a fixed embedder's vector per response: semantic spread within a prompt
+            emb = np.stack(df["embedding"].to_numpy())
+            self.within["within_vendi"] = np.asarray([dv.vendi(emb[rows]) for rows in members])
 
     def metrics(self, w_cell: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
         """All metrics on the pool where cell j counts w_cell[j] times."""
@@ -245,7 +249,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     n_rows = len(keys0)
     pools = {m: _Pool(frames[m], _slice(enc, i * n_rows, (i + 1) * n_rows), tic) for i, m in enumerate(order)}
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
-             and (m.name != "tic_share" or tic)]
+             and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)]
     cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
     prompt_index = {p: i for i, p in enumerate(prompts)}

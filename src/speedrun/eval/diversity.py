@@ -99,6 +99,17 @@ def not_just_but_count(texts: Sequence[str]) -> int:
     return sum(len(NOT_JUST_BUT_RE.findall(t)) for t in texts)
 
 
+def vendi(embeddings: np.ndarray) -> float:
+    """Vendi score of n items (Friedman & Dieng 2023): exp of the entropy of the eigenvalues of K / n, K the cosine
+    similarity matrix of the rows; 1 when all items are alike, n when they are mutually orthogonal. Rows must be
+    nonzero."""
+    x = np.asarray(embeddings, dtype=np.float64)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    lam = np.clip(np.linalg.eigvalsh(x @ x.T / len(x)), 0.0, None)
+    lam = lam[lam > 1e-12]
+    return float(np.exp(-(lam * np.log(lam)).sum()))
+
+
 def sentence_count(text: str) -> int:
     return sum(1 for s in SENTENCE_SPLIT_RE.split(text) if WORD_RE.search(s))
 

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from speedrun.common import stable_seed
-from speedrun.engine import completion_texts, generate
+from speedrun.engine import completion_texts, generate, left_pad
 from speedrun.model import GPT
 from speedrun.progress import Progress
 from speedrun.reward.onpolicy import reference_answers
@@ -60,6 +60,21 @@ def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts
                          "prompt": prompts["prompt"][p][-1]["content"],
                          **({"ref_logprob": ref_logprob[p]} if ref_logprob is not None else {})})
     return rows
+
+
+@torch.no_grad()
+def embed_texts(model: GPT, tok: Tokenizer, texts: list[str], device: str, batch_size: int = 256) -> list:
+    """One unit vector per text: the model's final hidden states over the text's tokens (and <|assistant_end|>,
+    so an empty text has one), mean-pooled. With one fixed model for every evaluated model's responses, a
+    similarity between them does not depend on which models are evaluated."""
+    rows = [(tok.encode(t) + [tok.assistant_end_id])[-model.config.seq_len:] for t in texts]
+    out = []
+    for i in range(0, len(rows), batch_size):
+        ids, key_mask = left_pad(rows[i:i + batch_size], tok.bos_id, device)
+        h = model.hidden(ids, key_mask=key_mask).float()
+        pooled = (h * key_mask[..., None]).sum(1) / key_mask.sum(1, keepdim=True)
+        out += list(torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy())
+    return out
 
 
 def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
