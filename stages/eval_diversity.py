@@ -99,7 +99,7 @@ def main(p, io) -> None:
     samples["embedding"] = embed_texts(embedder, tok, samples["text"].tolist(), dev)  # for the Vendi score only
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
-                      reward_margin=c.reward_margin, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,
+                      reward_keep=c.reward_keep, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,
                       tic=p.grpo.controls.tic)
 
     all_items = gold_items(load_objects(io.objects), p.corpus.val_frac, p.prompts.eval_frac)

@@ -42,6 +42,10 @@ def main(p, io, variant: str, seed: int) -> None:
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)
+    if 0 < cfg.pool < len(ids):  # a fixed subset, the same for every arm and seed: prompts repeat within a run
+        keep = sorted(torch.randperm(len(ids), generator=torch.Generator().manual_seed(stable_seed("pool")))[
+            :cfg.pool].tolist())
+        df, ids = df.iloc[keep].reset_index(drop=True), [ids[i] for i in keep]
     policy, meta = load_model(io.sft_dir, dev, tok.digest)
     ref, _ = load_model(io.sft_dir, dev, tok.digest)
     rm = RewardModel.load(io.rm_dir, dev)

@@ -57,7 +57,7 @@ def test_the_committed_params_load_and_every_knob_has_help():
     ("grpo.train.steps=-1", "grpo.train.steps: must be >= 1"),
     ("rm.batch_size=0", "rm.batch_size: must be >= 1"),
     ("grpo.train.adv_scale=grp", "grpo.train.adv_scale: expected one of group, batch, none"),
-    ("eval.reward_margin=-1", "eval.reward_margin: must be >= 0"),
+    ("eval.reward_keep=1.5", "eval.reward_keep: must be <= 1"),
     ("grpo.seeds=[1, 1]", "grpo.seeds: expected a non-empty list of distinct values"),
     ("sft.hf_name=", "sft.hf_name: expected a string, got nothing"),
 ])

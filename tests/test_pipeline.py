@@ -25,7 +25,7 @@ MICRO_DAG = {
     "rm.eval_pairs": 16, "rm.steps": 4, "rm.batch_size": 4, "rm.eval_every": 2, "rm.max_len": 64, "rm.warmup_steps": 1,
     "rm.save_every": 0,
     "grpo.train.steps": 2, "grpo.train.prompts_per_step": 2, "grpo.train.group_size": 2,
-    "grpo.train.max_new_tokens": 8,
+    "grpo.train.max_new_tokens": 8, "grpo.train.pool": 6,  # 2 steps x 2 prompts from a pool of 6
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
     "eval.n_boot": 20, "grpo.seeds": [1, 2],  # two seeds: the smallest verdict; the test adds a third
     "grpo.run": ["density", "baseline", "tic_2"], "eval.comparisons": "density:baseline,tic_2:baseline",  # a control
@@ -112,7 +112,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik", "tic_share"}
     assert "tic_share" in diversity["tic_2_vs_baseline"]["delta"] and "tic_share" in diversity["grpo_tic_2_s1"]
     assert 1.0 <= diversity["grpo_density_s1"]["within_vendi"] <= 2.0  # 2 samples per prompt: Vendi in [1, 2]
-    assert "tic_share_end" in json.loads((repo / "reports/metrics/grpo/tic_2_s1.json").read_text())
+    tic_run = json.loads((repo / "reports/metrics/grpo/tic_2_s1.json").read_text())
+    assert "tic_share_end" in tic_run and tic_run["epochs"] == round(4 / 6, 4)  # drawn from the pool only
     report = (repo / "reports/report.md").read_text()
     assert "**density vs baseline** (2 vs 2 GRPO training seeds)" in report and "Holm" in report
     assert "temperature control" in report and "Task performance (gold-checked)" in report

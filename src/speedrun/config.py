@@ -188,6 +188,8 @@ class PromptGRPOConfig(GRPOConfig):
     max_prompt_len: int = knob("prompts are cut to their last N tokens", ge=1)
     truncated: Literal["keep", "mask"] = knob("completions that hit max_new_tokens without the stop token: keep (in "
                                               "the loss) | mask (out of the loss, still in their group's advantages)")
+    pool: int = knob("train prompts GRPO draws from: a fixed random subset of this many, the same for every arm "
+                     "(0 = all); smaller pools make prompts repeat within a run", ge=0)
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,8 @@ class GRPOSection:
 class EvalConfig:
     comparisons: str = knob("comma list of a:b variant pairs; the report tests a - b over the training seeds")
     primary: str = knob("comma list of the primary diversity outcomes (Holm); the rest are secondary")
-    reward_margin: float = knob("non-inferiority margin of the reward (standardised RM units) on the 95% interval",
-                                ge=0)
+    reward_keep: float = knob("reward non-inferiority: a keeps at least this share of b's reward gain over SFT "
+                              "(margin = (1 - keep) x b's gain, on the 95% interval)", ge=0, le=1)
     max_prompts: int = knob("held-out prompts used, the first N by prompt_id (0 = all)", ge=0)
     max_prompt_len: int = knob("prompts are cut to their last N tokens", ge=1)
     samples_per_prompt: int = knob("completions per prompt and sampling seed", ge=1)

@@ -194,11 +194,12 @@ def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts:
 
 def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
-             primary: list[str] | tuple[str, ...] = (), reward_margin: float = 0.1, n_boot: int = 1000,
+             primary: list[str] | tuple[str, ...] = (), reward_keep: float = 0.8, n_boot: int = 1000,
              seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: list[int] | None = None, tic: str = "",
              where: str = "samples") -> dict:
     """Metrics per model on its whole pool; per comparison (a, b) of variants, Δ of run means with the interval
-    of stats.py, Holm over `primary`, and reward non-inferiority within `reward_margin`.
+    of stats.py, Holm over `primary`, and reward non-inferiority: a keeps at least `reward_keep` of b's reward gain
+    over the reference (margin = (1 - reward_keep) x that gain's point estimate; no reference: no verdict).
 
     variants: {variant: [model names of its runs]} (one run per training seed); comparisons: pairs of variant
     names (default: the first two variants); reference: the model every variant is also compared with (the SFT
@@ -307,10 +308,12 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
             d["verdict"] = (verdict(METRIC_BY_NAME[n].good, d["value"], d["value"]) if p_holm <= stats.ALPHA
                             else UNSURE) if seeded else None
         ni = None
-        if "reward" in delta:
+        if "reward" in delta and reference in models:
             r = delta["reward"]
-            ni = {"metric": "reward", "margin": reward_margin,
-                  "verdict": stats.non_inferiority(r["ci_low"], r["ci_high"], reward_margin) if seeded else None}
+            gain = float(np.mean([values[m]["reward"] for m in variants[b]]) - values[reference]["reward"])
+            margin = (1.0 - reward_keep) * max(gain, 0.0)  # b gained nothing: a must not be worse at all
+            ni = {"metric": "reward", "keep": reward_keep, "gain_b": gain, "margin": margin,
+                  "verdict": stats.non_inferiority(r["ci_low"], r["ci_high"], margin) if seeded else None}
         per_seed = {}  # a's run i against b's run i (the forest plot's dots), where both have that many runs
         for ra, rb in zip(variants[a], variants[b]):
             per_seed[f"{ra} - {rb}"] = {n: values[ra][n] - values[rb][n] for n in names}
@@ -342,7 +345,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
-                  "reward_margin": reward_margin, "tic": tic},
+                  "reward_keep": reward_keep, "tic": tic},
     }
 
 

@@ -24,8 +24,9 @@ METHOD = ("\u0394 = mean over a's runs \u2212 mean over b's runs (one run per GR
           "with Welch-Satterthwaite degrees of freedom (src/speedrun/eval/stats.py; calibration: "
           "bench/verdict_calibration.py). Primary metrics (*) are tested under Holm's correction over the primary "
           "list; the rest are secondary: unadjusted 95% intervals, exploratory, not a tally of independent wins. "
-          "Reward is judged by non-inferiority: not worse than b's by more than the margin. A variant with one run "
-          "has no between-run variance: its interval covers prompts only and it gets no verdict.")
+          "Reward is judged by non-inferiority: not worse than b's by more than the margin, the share of b's reward "
+          "gain over the reference a may give up (a point estimate: its own noise is not in the margin). A variant "
+          "with one run has no between-run variance: its interval covers prompts only and it gets no verdict.")
 
 
 def _fmt(name: str, x: float, signed: bool = False) -> str:
@@ -86,7 +87,8 @@ def verdict_line(result: dict, c: dict) -> str:
         f"{c['delta'][n]['p_holm']:.2f}" for n in prim) + ")"]
     if c["noninferiority"] and "reward" in c["delta"]:
         r, ni = c["delta"]["reward"], c["noninferiority"]
-        parts.append(f"reward {ni['verdict']} at margin {ni['margin']:g} (\u0394 {_fmt('reward', r['value'], True)} "
+        parts.append(f"reward {ni['verdict']} at margin {ni['margin']:.3f} ({1 - ni['keep']:.0%} of {c['b']}'s gain "
+                     f"{ni['gain_b']:+.3f} over the reference; \u0394 {_fmt('reward', r['value'], True)} "
                      f"{_ci('reward', r)})")
     if "tic_share" in c["delta"]:  # the planted tic: a rise is what its positive control must call
         t, mean = c["delta"]["tic_share"], lambda runs: np.mean([result["values"][x]["tic_share"] for x in runs])
@@ -119,7 +121,7 @@ def _comparison_table(result: dict, c: dict) -> list[str]:
         p = f"{d['p_holm']:.3f} (Holm)" if "p_holm" in d else f"{d['p']:.3f}"
         ver = d["verdict"] or ("control" if d["role"] == "control" else "no verdict")
         if n == "reward" and c["noninferiority"] and c["noninferiority"]["verdict"]:
-            ver += f" \u00b7 {c['noninferiority']['verdict']} (margin {c['noninferiority']['margin']:g})"
+            ver += f" \u00b7 {c['noninferiority']['verdict']} (margin {c['noninferiority']['margin']:.3f})"
         out.append(f"| {m.label} | {d['role']} | {GOOD_TEXT[m.good]} | {_fmt(n, mean(c['runs_a']))} | "
                    f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {ver} |")
     return out
@@ -165,7 +167,8 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
     prim = ", ".join(METRIC_BY_NAME[n].label for n in result["primary"]) or "none"
     lines += [f"- **evaluated**: {s['n_prompts']} prompts \u00d7 seeds {s['seeds']} \u00d7 {per_cell} samples = "
               f"{s['responses_per_model']} responses per model ({len(result['models'])} models)",
-              f"- **primary outcomes** (Holm): {prim}; reward: non-inferiority at margin {s['reward_margin']:g}",
+              f"- **primary outcomes** (Holm): {prim}; reward: non-inferiority, keeping ≥ {s['reward_keep']:.0%} of "
+              f"the comparison's b arm's reward gain over the reference",
               f"- **statistics**: {METHOD}",
               f"- **metric details**: bootstrap {s['n_boot']} draws (seed {s['bootstrap_seed']}); the draws of "
               "distinct-n, EAD and Gini are rescaled to the full-pool value (a resampled pool repeats prompts, adding "
