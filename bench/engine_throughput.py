@@ -71,8 +71,9 @@ def main(
         for mode in modes:
             total, total_cpu, prefill, prefill_cpu = (sorted(x)[len(x) // 2] for x in times[mode])
             print(f"{n_prompts:>3} prompts x {n_samples:>2} samples = {rows:>4} rows, {mode:>8}: "
-                  f"{rows * new_tokens / total:>7,.0f} tok/s end to end ({total:.2f} s; first call {first[mode]:.1f} s), "
-                  f"decode {rows * (new_tokens - 1) / (total - prefill):>7,.0f} tok/s, prefill {prefill * 1e3:.0f} ms | "
+                  f"{rows * new_tokens / total:>7,.0f} tok/s end to end ({total:.2f} s; "
+                  f"first call {first[mode]:.1f} s), decode {rows * (new_tokens - 1) / (total - prefill):>7,.0f} "
+                  f"tok/s, prefill {prefill * 1e3:.0f} ms | "
                   f"per CPU-second: {rows * new_tokens / total_cpu:>7,.0f} end to end", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 

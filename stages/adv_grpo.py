@@ -16,8 +16,8 @@ from speedrun.rl.trainer import grpo_train
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model, save_model
 
-READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "adversarial.cycles.{cycle}", "adversarial.seq_len",
-         "adversarial.temperature", "adversarial.grpo")
+READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "adversarial.cycles.{cycle}",
+         "adversarial.seq_len", "adversarial.temperature", "adversarial.grpo")
 PATHS = {"init_dir": None, "disc_dir": "outs/adv/cycle_{cycle}/disc", "corpus_dir": "data/corpus",
          "tokenizer_dir": "outs/tokenizer", "out_dir": "outs/adv/cycle_{cycle}/policy"}
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes

@@ -24,7 +24,8 @@ from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model, save_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
-READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "grpo.train", "grpo.density", "grpo.controls",
+READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "grpo.train", "grpo.density",
+         "grpo.controls",
          "grpo.variants.{variant}")
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
          "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",

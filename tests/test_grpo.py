@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from speedrun.rl.grpo import group_advantages, masked_mean, token_loss, zero_std_fraction
+from speedrun.rl.grpo import group_advantages, token_loss, zero_std_fraction
 
 torch.set_num_threads(1)
 D = torch.float64
@@ -52,13 +52,9 @@ def test_advantages_validation():
         group_advantages(torch.tensor([0.0, 1.0, 2.0, float("nan")]), 2)
 
 
-def test_zero_std_fraction_and_masked_mean():
+def test_zero_std_fraction():
     assert zero_std_fraction(torch.tensor([1.0, 1.0, 0.0, 1.0, 3.0, 3.0]), 2) == pytest.approx(2 / 3)
     assert zero_std_fraction(REWARDS, 3) == 0.0
-    x = torch.tensor([[1.0, 2.0], [3.0, float("inf")]])
-    assert masked_mean(x, torch.tensor([[1, 1], [1, 0]])).item() == 2.0
-    with pytest.raises(ValueError, match="no positions"):
-        masked_mean(x, torch.zeros(2, 2))
 
 
 def _batch():

@@ -147,7 +147,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp("grpo_two_processes")  # outside the repo (tmp_path)
     run_module("stages.grpo", "--variant", "tic_2", "--seed", "1", "-S", "compute.nproc=2", "--out-dir",
                str(elsewhere / "run"), "--metrics", str(elsewhere / "run.json"), cwd=repo)
-    one, two = (json.loads(f.read_text()) for f in (repo / "reports/metrics/grpo/tic_2_s1.json", elsewhere / "run.json"))
+    one, two = (json.loads(f.read_text())
+                for f in (repo / "reports/metrics/grpo/tic_2_s1.json", elsewhere / "run.json"))
     assert (two["steps"], two["epochs"], two["draws_per_prompt_max"]) == (one["steps"], one["epochs"],
                                                                            one["draws_per_prompt_max"])
     for k in ("reward_start", "reward_end", "tic_share_start", "tic_share_end", "completion_len_end"):

@@ -163,7 +163,8 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
             n_alive = int(alive.sum())
             if n_alive == 0:
                 break
-            if decode != "static" and 2 * n_alive <= len(rows):  # compact when half the rows ended: at most log2(N) copies of the cache
+            # compact when half the rows ended (at most log2(N) copies of the cache); static keeps every row
+            if decode != "static" and 2 * n_alive <= len(rows):
                 keep = alive.nonzero().squeeze(-1)
                 cache.keep_rows(keep)
                 rows, nxt, alive = rows[keep], nxt[keep], alive[keep]

@@ -58,17 +58,6 @@ def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
     return float((g.amax(dim=1) == g.amin(dim=1)).float().mean())
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of x over positions where mask is true (differentiable); masked-out values never leak in."""
-    if x.shape != mask.shape:
-        raise ValueError(f"x shape {tuple(x.shape)} != mask shape {tuple(mask.shape)}")
-    m = mask.bool()
-    n = m.sum()
-    if n == 0:
-        raise ValueError("mask selects no positions")
-    return torch.where(m, x, torch.zeros_like(x)).sum() / n
-
-
 def token_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
