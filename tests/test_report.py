@@ -69,6 +69,8 @@ def test_verdicts_follow_good_direction(samples, result):
         assert c["delta"][name]["role"] == ("primary" if name in PRIMARY else "secondary")
     for name in PRIMARY:
         assert c["delta"][name]["p_holm"] <= 0.05 and c["delta"][name]["p_holm"] >= c["delta"][name]["p"]
+        # the robustness check: runs fully separated -> the smallest p a permutation of these runs can give
+        assert c["delta"][name]["p_perm"] == pytest.approx(c["delta"][name]["p_perm_min"])
     assert c["delta"]["reward"]["verdict"] == FAIL and c["noninferiority"]["verdict"] == "inferior"  # lost 0.5
     assert c["delta"]["ref_loglik"]["value"] == pytest.approx(0.1) and c["delta"]["ref_loglik"]["verdict"] == PASS
     for name in ("len_words", "len_chars", "len_sentences"):
@@ -91,6 +93,7 @@ def test_a_a_comparison_gives_no_verdict_either_way(samples):
     c = res["comparisons"][0]
     for name, d in c["delta"].items():
         assert d["value"] == 0.0 and d["ci_low"] <= 0.0 <= d["ci_high"] and d["p"] == 1.0, name
+        assert d["p_perm"] == 1.0, name
         assert d["verdict"] in (None, UNSURE), name
     assert c["noninferiority"]["verdict"] == "non-inferior"
 

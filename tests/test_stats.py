@@ -36,6 +36,27 @@ def test_non_inferiority():
         stats.non_inferiority(0.0, 1.0, -0.1)
 
 
+def test_permutation_p_is_exact():
+    # fully separated arms: only the observed split and its mirror are as extreme
+    sep = stats.permutation_p([5.0, 6.0, 7.0], [1.0, 2.0, 3.0])
+    assert sep["splits"] == 20 and sep["p"] == pytest.approx(0.1) and sep["p_min"] == pytest.approx(0.1)
+    six = stats.permutation_p(np.arange(6) + 10.0, np.arange(6) * 1.0)
+    assert six["p"] == pytest.approx(2 / 924) and six["p"] <= 0.05  # six runs per arm can back a call
+    same = stats.permutation_p([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])
+    assert same["p"] == 1.0  # no difference: every split is at least as extreme
+    # against a brute-force count over labels, with unequal arms
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=4), rng.normal(size=3)
+    pooled, obs, hits, total = np.concatenate([a, b]), abs(a.mean() - b.mean()), 0, 0
+    for mask in range(1 << 7):
+        if bin(mask).count("1") == 4:
+            ia = np.array([(mask >> i) & 1 for i in range(7)], bool)
+            hits += abs(pooled[ia].mean() - pooled[~ia].mean()) >= obs - 1e-12
+            total += 1
+    assert stats.permutation_p(a, b)["p"] == pytest.approx(hits / total)
+    assert stats.permutation_p([1.0], [2.0, 3.0])["p"] is None  # one run: nothing to permute
+
+
 def test_pooled_delta_terms():
     rng = np.random.default_rng(0)
     pa, pb, ba, bb = simulate_runs(rng, 3, 3, run_sd=0.3)

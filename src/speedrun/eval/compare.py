@@ -294,6 +294,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
             good = METRIC_BY_NAME[n].good
             d["role"] = "control" if good == "neutral" else ("primary" if n in primary else "secondary")
             d["verdict"] = verdict(good, d["ci_low"], d["ci_high"]) if d["seed_variance"] else None
+            if not fixed_b:  # robustness: exact permutation over the runs (stats.permutation_p)
+                perm = stats.permutation_p([point[r][j] for r in runs_a], [point[r][j] for r in runs_b])
+                d["p_perm"], d["p_perm_min"] = perm["p"], perm["p_min"]
             out[n] = d
         return out
 

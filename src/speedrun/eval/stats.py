@@ -21,6 +21,10 @@ A variant with a single run has no between-run variance to estimate: its compari
 over prompts only and no verdict. A fixed reference (the SFT model: one model, no training seed) adds no
 between-run term.
 
+Robustness: an exact permutation test on the runs' values (every relabelling of the a and b runs; no
+distribution assumed, prompts ignored). Its smallest attainable p is 2 / C(R_a + R_b, R_a): 0.1 at three runs
+per variant, so it can only confirm a call where there are six or more.
+
 Multiplicity: the primary metrics (params `eval.primary`) are tested under Holm's step-down correction
 at level 0.05; every other metric is secondary, reported with its unadjusted interval and verdict, never
 counted as independent evidence. "Without losing reward" is a non-inferiority test: a's reward is not
@@ -29,6 +33,7 @@ worse than b's by more than `margin` when the interval's lower bound lies above 
 from __future__ import annotations
 
 import math
+from itertools import combinations
 
 import numpy as np
 
@@ -123,6 +128,26 @@ def pooled_delta(point_a: np.ndarray, point_b: np.ndarray, boot_a: np.ndarray, b
         p = 2.0 * (1.0 - t_cdf(abs(value) / se, df))
     return {"value": value, "ci_low": float(lo), "ci_high": float(hi), "se": se, "df": df, "p": float(min(p, 1.0)),
             "between_var": between_var, "prompt_var": prompt_var, "seed_variance": seed_variance}
+
+
+def permutation_p(point_a: np.ndarray, point_b: np.ndarray, max_splits: int = 200_000) -> dict:
+    """Exact two-sided permutation test of mean(a) - mean(b) over every split of the pooled runs into groups of
+    R_a and R_b: p = share of splits with |Δ| at least the observed one (ties count), and p_min, the smallest p the
+    design can give. None values where a side has one run or the splits exceed `max_splits`."""
+    a, b = np.asarray(point_a, float), np.asarray(point_b, float)
+    n, na = a.size + b.size, a.size
+    splits = math.comb(n, na)
+    if min(a.size, b.size) < 2 or splits > max_splits:
+        return {"p": None, "p_min": None, "splits": splits}
+    pooled = np.concatenate([a, b])
+    idx = np.asarray(list(combinations(range(n), na)))
+    in_a = np.zeros((len(idx), n), bool)
+    in_a[np.arange(len(idx))[:, None], idx] = True
+    deltas = (in_a @ pooled) / na - (~in_a @ pooled) / b.size
+    observed = abs(a.mean() - b.mean())
+    tol = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # float sums of the same runs in another order
+    p = float(np.mean(np.abs(deltas) >= observed - tol))
+    return {"p": p, "p_min": 2.0 / splits if na == b.size else 1.0 / splits, "splits": splits}
 
 
 def holm(pvalues: dict[str, float], alpha: float = ALPHA) -> dict[str, float]:
