@@ -84,9 +84,11 @@ def main(p, io) -> None:
                                  for name, t in temps.items()], ignore_index=True)
     embedder, _ = load_model(io.sft_dir, dev, tok.digest)  # one fixed embedder for every model's responses
     control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), dev)
-    control = temperature_ordering(control_samples, temps, configured + [m for m in (
-        "ead_1", "distinct_2", "self_bleu", "within_self_bleu", "within_vendi", "word_gini") if m not in configured],
-        vocab, p.seed)
+    others = ("ead_1", "distinct_2", "self_bleu") + (("ead_1_first", "distinct_2_first", "self_bleu_first")
+                                                     if c.match_words else ()) + ("within_self_bleu", "within_vendi",
+                                                                                  "word_gini")
+    control = temperature_ordering(control_samples, temps, configured + [m for m in others if m not in configured],
+                                   vocab, p.seed, c.match_words)
     primary = [m for m in configured if control["metrics"][m]["passes"]]
     if not primary:
         raise SystemExit(f"eval: no primary metric of {configured} orders the control temperatures "
@@ -100,7 +102,7 @@ def main(p, io) -> None:
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
                       reward_keep=c.reward_keep, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,
-                      tic=p.grpo.controls.tic)
+                      tic=p.grpo.controls.tic, match_words=c.match_words)
 
     all_items = gold_items(load_objects(io.objects), p.corpus.val_frac, p.prompts.eval_frac)
     items = [i for i in all_items if i.split == "eval"]

@@ -131,6 +131,26 @@ def test_values_are_the_metrics_of_the_whole_pool(samples, result):
     assert 2 <= result["setup"]["self_bleu_k"] <= 32
 
 
+def test_length_matched_metrics_read_only_the_first_words(samples):
+    vocab = [5000, 20000, 40000]
+    res = evaluate(samples, RUNS, primary=PRIMARY, n_boot=20, ead_vocab_size=vocab, match_words=5)
+    for model, df in samples.groupby("model"):
+        first = [" ".join(dv.words(t)[:5]) for t in df["text"]]
+        got = res["values"][model]
+        assert got["distinct_2_first"] == pytest.approx(dv.distinct_n(first, 2))
+        assert got["ead_1_first"] == pytest.approx(dv.ead_n(first, 1, vocab[0]))
+    # longer answers with the same opening: the full-length metrics move, the length-matched ones do not
+    padded = samples.copy()
+    longer = padded["model"] == "grpo_density_s1"
+    padded.loc[longer, "text"] = padded.loc[longer, "text"] + " and then some further words about it"
+    res_padded = evaluate(padded, RUNS, primary=PRIMARY, n_boot=20, ead_vocab_size=vocab, match_words=5)
+    before, after = res["values"]["grpo_density_s1"], res_padded["values"]["grpo_density_s1"]
+    for name in ("ead_1_first", "distinct_2_first", "self_bleu_first"):
+        assert after[name] == pytest.approx(before[name]), name
+    assert after["ead_1"] != pytest.approx(before["ead_1"]) and after["len_words"] > before["len_words"]
+    assert "ead_1_first" not in evaluate(samples, RUNS, primary=PRIMARY, n_boot=5)["metrics"]  # 0 = off
+
+
 def test_self_bleu_pool_fits_every_draw():
     """Few prompts, two sampling seeds: some draws hold far fewer distinct responses than half the pool; K is
     capped so that every draw scores exactly K (self-BLEU grows with the number of references)."""

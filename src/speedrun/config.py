@@ -241,6 +241,8 @@ class GRPOSection:
 class EvalConfig:
     comparisons: str = knob("comma list of a:b variant pairs; the report tests a - b over the training seeds")
     primary: str = knob("comma list of the primary diversity outcomes (Holm); the rest are secondary")
+    match_words: int = knob("length-matched metrics (EAD-1, distinct-2, self-BLEU-4 with '_first'): each response's "
+                            "first N words only (0 = not computed)", ge=0)
     reward_keep: float = knob("reward non-inferiority: a keeps at least this share of b's reward gain over SFT "
                               "(margin = (1 - keep) x b's gain, on the 95% interval)", ge=0, le=1)
     max_prompts: int = knob("held-out prompts used, the first N by prompt_id (0 = all)", ge=0)

@@ -56,6 +56,9 @@ METRICS: list[Metric] = [
     Metric("ead_3", "EAD-3", "higher", "Pool diversity", union=True),
     Metric("word_gini", "Gini of word counts", "lower", "Pool diversity", union=True),
     Metric("self_bleu", "self-BLEU-4", "lower", "Pool diversity"),
+    Metric("ead_1_first", "EAD-1, length-matched", "higher", "Length-matched diversity", union=True),
+    Metric("distinct_2_first", "distinct-2, length-matched", "higher", "Length-matched diversity", union=True),
+    Metric("self_bleu_first", "self-BLEU-4, length-matched", "lower", "Length-matched diversity"),
     Metric("within_distinct_1", "distinct-1 within prompt", "higher", "Within-prompt diversity"),
     Metric("within_distinct_2", "distinct-2 within prompt", "higher", "Within-prompt diversity"),
     Metric("within_distinct_3", "distinct-3 within prompt", "higher", "Within-prompt diversity"),
@@ -119,8 +122,8 @@ def _slice(enc: dv.Encoded, lo: int, hi: int) -> dv.Encoded:
 class _Pool:
     """One model's responses, sorted by (prompt_id, seed, sample_idx), with per-cell sums."""
 
-    def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str):
-        self.enc = enc
+    def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str, enc_first: dv.Encoded | None = None):
+        self.enc, self.enc_first = enc, enc_first  # enc_first: each response's first match_words words
         cell_keys = list(zip(df["prompt_id"], df["seed"]))
         self.cells = sorted(set(cell_keys))
         cell_of = {c: j for j, c in enumerate(self.cells)}
@@ -166,19 +169,29 @@ class _Pool:
         }
         for name, per_cell in self.within.items():
             out[name] = (w_cell @ per_cell) / w_cell.sum()
-        enc = self.enc
         w_row = w_cell[self.cell]
-        for k in (1, 2, 3):
-            grams, weight = enc.grams[k - 1], w_row[enc.rows[k - 1]]
-            unique = np.count_nonzero(np.bincount(grams[weight > 0], minlength=1))
-            total = float(w_row @ np.maximum(enc.lengths - k + 1, 0))
-            out[f"distinct_{k}"] = unique / total if total else 0.0
-            out[f"ead_{k}"] = dv.ead_from_counts(unique, total, vocab[k - 1])
-            if k == 1:
-                word_counts = np.bincount(grams, weights=weight * enc.counts[0], minlength=1)
-                out["word_gini"] = dv.gini(word_counts[word_counts > 0])
-        out["self_bleu"] = float(dv.self_bleu_scores(enc, bleu_pos, 4).mean())
+        out |= _ngram_metrics(self.enc, w_row, bleu_pos, vocab)
+        if self.enc_first is not None:
+            first = _ngram_metrics(self.enc_first, w_row, bleu_pos, vocab)
+            out |= {f"{n}_first": first[n] for n in ("ead_1", "distinct_2", "self_bleu")}
         return {k: float(v) for k, v in out.items()}
+
+
+def _ngram_metrics(enc: dv.Encoded, w_row: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
+    """distinct-n, EAD-n (n = 1..3), Gini of word counts and self-BLEU-4 of a pool where row i counts w_row[i]
+    times (self-BLEU: the rows at bleu_pos)."""
+    out = {}
+    for k in (1, 2, 3):
+        grams, weight = enc.grams[k - 1], w_row[enc.rows[k - 1]]
+        unique = np.count_nonzero(np.bincount(grams[weight > 0], minlength=1))
+        total = float(w_row @ np.maximum(enc.lengths - k + 1, 0))
+        out[f"distinct_{k}"] = unique / total if total else 0.0
+        out[f"ead_{k}"] = dv.ead_from_counts(unique, total, vocab[k - 1])
+        if k == 1:
+            word_counts = np.bincount(grams, weights=weight * enc.counts[0], minlength=1)
+            out["word_gini"] = dv.gini(word_counts[word_counts > 0])
+    out["self_bleu"] = float(dv.self_bleu_scores(enc, bleu_pos, 4).mean())
+    return out
 
 
 def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts: int) -> np.ndarray:
@@ -196,7 +209,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
              primary: list[str] | tuple[str, ...] = (), reward_keep: float = 0.8, n_boot: int = 1000,
              seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: list[int] | None = None, tic: str = "",
-             where: str = "samples") -> dict:
+             match_words: int = 0, where: str = "samples") -> dict:
     """Metrics per model on its whole pool; per comparison (a, b) of variants, Δ of run means with the interval
     of stats.py, Holm over `primary`, and reward non-inferiority: a keeps at least `reward_keep` of b's reward gain
     over the reference (margin = (1 - reward_keep) x that gain's point estimate; no reference: no verdict).
@@ -207,7 +220,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     responses any bootstrap draw holds, so every draw scores the same number). ead_vocab_size: V of EAD per n
     (1..3), e.g. dv.ngram_vocab of the corpus: a model's EAD then does not depend on which other models are
     evaluated; None = the number of distinct n-grams (per n) over all models' samples (it does). tic: the planted
-    tic whose share of responses is counted ('' = not counted). JSON-ready dict.
+    tic whose share of responses is counted ('' = not counted). match_words: > 0 adds the length-matched metrics,
+    EAD-1, distinct-2 and self-BLEU-4 over each response's first match_words words (a longer response cannot score
+    as more or less diverse by its extra words alone). JSON-ready dict.
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
@@ -247,10 +262,13 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     vocab = list(ead_vocab_size) if ead_vocab_size is not None else [max(t, 1) for t in enc.n_types[:3]]
     if len(vocab) != 3 or min(vocab) < 1:
         raise ValueError(f"ead_vocab_size: expected three sizes >= 1 (n = 1, 2, 3), got {vocab}")
+    enc_first = dv.encode([t[:match_words] for t in toks], N_MAX) if match_words > 0 else None
     n_rows = len(keys0)
-    pools = {m: _Pool(frames[m], _slice(enc, i * n_rows, (i + 1) * n_rows), tic) for i, m in enumerate(order)}
+    part = lambda e, i: _slice(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
+    pools = {m: _Pool(frames[m], part(enc, i), tic, part(enc_first, i)) for i, m in enumerate(order)}
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
-             and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)]
+             and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
+             and (not m.name.endswith("_first") or match_words > 0)]
     cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
     prompt_index = {p: i for i, p in enumerate(prompts)}
@@ -348,7 +366,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
-                  "reward_keep": reward_keep, "tic": tic},
+                  "reward_keep": reward_keep, "tic": tic, "match_words": match_words},
     }
 
 

@@ -28,11 +28,11 @@ def spearman(x: list[float], y: list[float]) -> float:
 
 
 def temperature_ordering(samples: pd.DataFrame, temperatures: dict[str, float], metrics: list[str],
-                         vocab: list[int], seed: int) -> dict:
+                         vocab: list[int], seed: int, match_words: int = 0) -> dict:
     """samples: one model name per temperature ({name: T}). Per metric: its value at each temperature and rho of
     (metric signed so that higher = more diverse) against temperature; passes when rho >= MIN_RHO."""
     res = evaluate(samples, {}, [], reference=None, n_boot=1, seed=seed, ead_vocab_size=vocab,
-                   where="temperature control samples")
+                   match_words=match_words, where="temperature control samples")
     names = sorted(temperatures, key=temperatures.get)
     out = {"temperatures": [temperatures[n] for n in names], "min_rho": MIN_RHO, "metrics": {}}
     for m in metrics:

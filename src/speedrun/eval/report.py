@@ -180,7 +180,9 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
               "distinct-n, EAD and Gini are rescaled to the full-pool value (a resampled pool repeats prompts, adding "
               f"tokens but no types); self-BLEU-4 on {s['self_bleu_k']} responses (nltk method-1 smoothing); EAD "
               f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3; the eval stage passes the corpus's distinct n-grams, a scale "
-              "no evaluated model moves); words = `\\b\\w+\\b` on lowercased text"]
+              "no evaluated model moves); words = `\\b\\w+\\b` on lowercased text"
+              + (f"; length-matched metrics: each response's first {s['match_words']} words (a shorter response "
+                 "whole), the same V" if s.get("match_words") else "")]
 
     lines += ["", "## Runs", "", "Every run on the same held-out prompts and sampling seeds (* primary).", ""]
     lines += _runs_table(result)
