@@ -19,6 +19,7 @@ from speedrun.eval.controls import (manipulation_check, manipulation_section, or
 from speedrun.eval.report import write_report
 from speedrun.eval.sampling import embed_texts, run_name, sample_models
 from speedrun.eval.task import compare_task, sample_task, task_section
+from speedrun.probe import copy_probe, merged_tokens
 from speedrun.reward.onpolicy import reference_answers
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
@@ -111,6 +112,7 @@ def main(p, io) -> None:
     answers = sample_task(models, tok, items, distractor_pool(all_items), c.task_samples, c.task_max_new_tokens,
                           c.temperature, c.top_p, p.seed, dev)
     task = compare_task(answers, variants, pairs_list, "sft", c.task_margin, c.n_boot, p.seed)
+    task["copy_probe"] = copy_probe(embedder, *merged_tokens(tok), p.seed, dev)  # embedder: the SFT model
     first = result["comparisons"][0]
     power = power_table(result, first, first["b"]) if first["seed_variance"] else {}
     frames = {v: {s: pd.read_parquet(io.runs_dir / f"{v}_s{s}" / "weights.parquet") for s in seeds_trained}
@@ -137,7 +139,7 @@ def main(p, io) -> None:
                                 "trained prompt's answer")}
     lead = [manipulation_section(manipulation, first["a"], first["b"]), ordering_section(control, configured, primary),
             power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE."]
-    extra = [task_section(task, "sft"), "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
+    extra = [task_section(task, "sft", task["copy_probe"]), "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
     md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra,
                       lead_sections=lead)
     print("eval: " + "\n".join(line for line in md.splitlines() if line.startswith("**") and " vs " in line))

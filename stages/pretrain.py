@@ -10,6 +10,7 @@ from speedrun.stage import run_stage
 from speedrun.train import data, distributed
 from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import train
+from speedrun.probe import copy_gain
 from speedrun.train.outputs import sample_texts, throughput, write_logs
 
 READS = ("seed", "compute", "model", "pretrain")
@@ -48,6 +49,7 @@ def main(p, io) -> None:
         save_model(io.out_dir, result.best_state, config,
                    {"tokenizer": tok.digest, "step": result.steps_done, "val_bpb": m["val_bpb"]})
         write_logs(io.out_dir, result)
+        m["copy_gain"] = copy_gain(model, tok, p.seed, d.device)  # can it copy from its context? (outputs.py)
         write_json(io.metrics, m)
         prompts = [[tok.bos_id] + tok.encode(s) for s in ["json.dumps(", "class ", "The "]]
         for text in sample_texts(model, tok, prompts, 32, d.device, p.seed):

@@ -8,6 +8,7 @@ from speedrun.stage import run_stage
 from speedrun.train import data, distributed
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.loop import train
+from speedrun.probe import copy_gain
 from speedrun.train.outputs import sample_texts, throughput, write_logs
 
 READS = ("seed", "corpus.val_frac", "prompts.eval_frac", "compute", "sft")
@@ -55,6 +56,7 @@ def main(p, io) -> None:
                    {"tokenizer": tok.digest, "step": result.steps_done, "val_loss": m["val_loss"],
                     "init": str(io.init_dir)})
         write_logs(io.out_dir, result)
+        m["copy_gain"] = copy_gain(model, tok, p.seed, d.device)  # can it copy from its context? (outputs.py)
         write_json(io.metrics, m)
         prompts = [tok.render_prompt(conv[:-1]) for conv in convs["val"][:3]]
         samples = sample_texts(model, tok, prompts, 48, d.device, p.seed, tok.assistant_end_id)

@@ -3,13 +3,15 @@ scale (eval/diversity.ngram_vocab), the temperature ordering (eval/controls.py).
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from speedrun.data import gold
 from speedrun.data.docstrings import heldout_split, load_objects
 from speedrun.eval import diversity as dv
 from speedrun.eval.compare import evaluate
 from speedrun.eval.controls import spearman, temperature_ordering
-from speedrun.eval.task import compare_task, per_item
+from speedrun.eval.task import compare_task, per_item, task_section
+from speedrun.probe import copy_probe
 from test_report import RUNS, make_samples
 
 
@@ -90,6 +92,34 @@ def test_task_metrics_and_comparison_see_a_planted_loss():
     res = compare_task(floor, RUNS, [("density", "baseline")], "sft", 0.05, 50, 0)
     assert res["at_floor"] and res["comparisons"][0]["delta"]["pass@1"]["noninferiority"] is None
     assert res["vs_reference"]["density"]["pass@1"]["noninferiority"] is None
+
+
+class _Copier(torch.nn.Module):
+    """A planted copier: predicts the token `lag` positions back (a perfect induction head) where there is one."""
+
+    def __init__(self, vocab: int, lag: int):
+        super().__init__()
+        self.vocab, self.lag = vocab, lag
+
+    def forward(self, idx, targets, reduction="mean"):
+        logits = torch.zeros(*idx.shape, self.vocab)
+        t = torch.arange(idx.shape[1])
+        src = (t + 1 - self.lag).clamp(min=0)
+        logits.scatter_(2, idx[:, src].unsqueeze(-1), 20.0 * (t + 1 >= self.lag).float().expand_as(idx).unsqueeze(-1))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+        return loss.view(targets.shape) if reduction == "none" else loss
+
+
+def test_the_copy_probe_sees_a_copier_and_a_model_that_cannot():
+    from speedrun.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    blind = copy_probe(GPT(GPTConfig(vocab_size=512, depth=2, seq_len=128)), 0, 512, 0, "cpu")
+    assert not blind["copies"] and abs(blind["gain"]) < 0.2  # an untrained model: both copies at chance
+    copier = copy_probe(_Copier(512, 48), 0, 512, 0, "cpu")
+    assert copier["copies"] and copier["second_copy"] < 0.01 < copier["first_copy"]
+    md = task_section({"metrics": ["pass@1"], "items": 3, "samples_per_item": 2, "at_floor": True, "margin": 0.05,
+                       "values": {"sft": {"pass@1": 0.0}}, "comparisons": [], "vs_reference": {}}, "sft", blind)
+    assert "it does not copy" in md and "cannot copy from its context" in md
 
 
 def test_ead_on_a_fixed_vocabulary_ignores_the_other_models():

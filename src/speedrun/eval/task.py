@@ -18,6 +18,7 @@ from speedrun.common import stable_seed
 from speedrun.data.gold import GoldItem, check, pass_at_k
 from speedrun.engine import completion_texts, generate
 from speedrun.eval import stats
+from speedrun.probe import COPY_GAIN
 from speedrun.progress import Progress
 from speedrun.tokenizer import Tokenizer
 from speedrun.train.checkpoint import load_model
@@ -96,8 +97,9 @@ def compare_task(answers: pd.DataFrame, variants: dict[str, list[str]], comparis
             "vs_reference": {v: delta(runs, [reference], True) for v, runs in variants.items()}}
 
 
-def task_section(task: dict, reference: str) -> str:
-    """The report's gold-task section: values per model, then the comparisons with their intervals."""
+def task_section(task: dict, reference: str, probe: dict | None = None) -> str:
+    """The report's gold-task section: values per model, the reference's copy probe, then the comparisons with
+    their intervals."""
     names = task["metrics"]
     lines = ["## Task performance (gold-checked)", "",
              f"\"Which of these is a function (class) defined in the `M` module: <4 of its members and 2 of other "
@@ -108,10 +110,18 @@ def task_section(task: dict, reference: str) -> str:
              "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for m, v in task["values"].items():
         lines.append(f"| {m} | " + " | ".join(f"{v[n]:.3f}" for n in names) + " |")
+    if probe:
+        lines += ["", f"**Can {reference} copy from its context?** (the task is to pick a listed name and copy it) "
+                  f"Induction probe: {probe['rows']} random token sequences of {probe['length']} shown twice; loss "
+                  f"{probe['first_copy']:.2f} nats/token on the first copy, {probe['second_copy']:.2f} on the second "
+                  f"(gain {probe['gain']:+.2f}; a model that copies gains ≥ {COPY_GAIN:g}): "
+                  + ("it copies." if probe["copies"] else "it does not copy.")]
     if task["at_floor"]:
+        why = ("it cannot copy from its context at all (probe above), which the task needs; "
+               if probe and not probe["copies"] else "")
         lines += ["", f"**At floor:** {reference} answers right in under {FLOOR:.0%} of tries, so no comparison below "
-                  "can show a loss of this ability: at this scale the model has not learned the task (it needs a "
-                  "model that does: more pretraining, a larger model). The intervals below are reported, not read."]
+                  f"can show a loss of this ability: at this scale the model has not learned the task ({why}it needs "
+                  "a model that does: more pretraining, a larger model). The intervals below are reported, not read."]
     lines += ["", f"pass@1 non-inferiority margin: {task['margin']} (absolute).", "",
               "| comparison | " + " | ".join(f"Δ {n} [95% CI]" for n in names) + " | pass@1 |",
               "|---|" + "---:|" * len(names) + "---|"]
