@@ -119,7 +119,7 @@ def test_the_copy_probe_sees_a_copier_and_a_model_that_cannot():
     assert copier["copies"] and copier["second_copy"] < 0.01 < copier["first_copy"]
     md = task_section({"metrics": ["pass@1"], "items": 3, "samples_per_item": 2, "at_floor": True, "margin": 0.05,
                        "values": {"sft": {"pass@1": 0.0}}, "comparisons": [], "vs_reference": {}}, "sft", blind)
-    assert "it does not copy" in md and "cannot copy from its context" in md
+    assert "it does not copy" in md and "It cannot copy from its context" in md
 
 
 def test_ead_on_a_fixed_vocabulary_ignores_the_other_models():

@@ -117,11 +117,11 @@ def task_section(task: dict, reference: str, probe: dict | None = None) -> str:
                   f"(gain {probe['gain']:+.2f}; a model that copies gains ≥ {COPY_GAIN:g}): "
                   + ("it copies." if probe["copies"] else "it does not copy.")]
     if task["at_floor"]:
-        why = ("it cannot copy from its context at all (probe above), which the task needs; "
+        why = (" It cannot copy from its context (the probe above), and the task needs that."
                if probe and not probe["copies"] else "")
         lines += ["", f"**At floor:** {reference} answers right in under {FLOOR:.0%} of tries, so no comparison below "
-                  f"can show a loss of this ability: at this scale the model has not learned the task ({why}it needs "
-                  "a model that does: more pretraining, a larger model). The intervals below are reported, not read."]
+                  f"can show a loss of this ability: at this scale the model has not learned the task.{why} It needs "
+                  "a model that does (more pretraining, a larger model). The intervals below are reported, not read."]
     lines += ["", f"pass@1 non-inferiority margin: {task['margin']} (absolute).", "",
               "| comparison | " + " | ".join(f"Δ {n} [95% CI]" for n in names) + " | pass@1 |",
               "|---|" + "---:|" * len(names) + "---|"]
