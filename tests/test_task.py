@@ -159,7 +159,7 @@ def test_the_temperature_control_passes_a_metric_that_orders_and_drops_one_that_
 
 def test_mde_shrinks_with_seeds_and_the_power_table_reads_the_comparison():
     from speedrun.eval import stats
-    from speedrun.eval.controls import power_table
+    from speedrun.eval.controls import power_section, power_table
     assert stats.mde(1.0, 0.0, 3, 12) < stats.mde(1.0, 0.0, 3, 6) < stats.mde(1.0, 0.0, 3, 3)
     assert stats.mde(1.0, 0.0, 3, 3, m=3) > stats.mde(1.0, 0.0, 3, 3, m=1)  # Holm's first step is stricter
     assert stats.mde(0.0, 0.01, 3, 64) > 0.1  # the prompt term does not shrink with seeds
@@ -173,6 +173,11 @@ def test_mde_shrinks_with_seeds_and_the_power_table_reads_the_comparison():
     ead = power["ead_1"]
     assert ead["collapse"] == pytest.approx(abs(res["vs_reference"]["baseline"]["ead_1"]["value"]))
     assert ead["mde_share"] == pytest.approx(ead["mde"] / ead["collapse"]) and ead["runs"] == 3
+    assert ead["mde_share_max_runs"] < ead["mde_share"] and 0 <= ead["seed_var_share"] <= 1
+    d = res["comparisons"][0]["delta"]["ead_1"]
+    assert ead["seed_var_share"] == pytest.approx(d["between_var"] / (d["between_var"] + d["prompt_var"]))
+    md = power_section(power, res["comparisons"][0], "baseline", "sft")
+    assert "Var(Δ) from seeds" in md and f"at {stats.MAX_RUNS} seeds" in md
 
 
 def test_the_manipulation_check_measures_how_far_the_prompt_mix_moves():

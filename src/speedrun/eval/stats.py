@@ -38,6 +38,7 @@ from itertools import combinations
 import numpy as np
 
 ALPHA = 0.05
+MAX_RUNS = 64  # the most runs per variant a power analysis considers
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -183,6 +184,6 @@ def mde(between_var: float, prompt_var: float, runs: int, new_runs: int, m: int 
 
 
 def runs_needed(between_var: float, prompt_var: float, runs: int, target: float, m: int = 1,
-                max_runs: int = 64) -> int | None:
+                max_runs: int = MAX_RUNS) -> int | None:
     """The fewest runs per variant whose MDE is at most `target` (None: not within max_runs)."""
     return next((r for r in range(2, max_runs + 1) if mde(between_var, prompt_var, runs, r, m) <= target), None)
