@@ -56,7 +56,8 @@ def main(init: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to fi
     p = params.load()
     tok = tokenizer_lib.load("outs/tokenizer")
     items = gold_items(load_objects(Path("data/corpus/objects.parquet")), p.corpus.val_frac, p.prompts.eval_frac)
-    train = [tok.render_conversation(c) for c in conversations(items, "train", per_item, p.seed) + made_up(synthetic, 1)]
+    convs = conversations(items, "train", per_item, p.seed) + made_up(synthetic, 1)
+    train = [tok.render_conversation(c) for c in convs]
     held = [i for i in items if i.split == "eval"]
     prompts = [tok.render_prompt([{"role": "user", "content": i.prompt(distractor_pool(items))}]) for i in held]
     model, _ = load_model(init, "cpu", tok.digest)

@@ -151,6 +151,23 @@ def test_length_matched_metrics_read_only_the_first_words(samples):
     assert "ead_1_first" not in evaluate(samples, RUNS, primary=PRIMARY, n_boot=5)["metrics"]  # 0 = off
 
 
+def test_stock_phrases_are_found_on_one_half_of_the_reference_and_counted_on_the_other():
+    from speedrun.common import stable_hash
+    kinds = {m: ("diverse", 0.5) for m in ["sft"] + RUNS["density"] + RUNS["baseline"]}
+    df = make_samples(kinds, n_prompts=12)
+    rng = np.random.default_rng(0)
+    rate = {"sft": 0.3, **{r: 0.0 for r in RUNS["density"]}, **{r: 0.9 for r in RUNS["baseline"]}}
+    tic = df["model"].map(rate).to_numpy() > rng.random(len(df))
+    df.loc[tic, "text"] = df.loc[tic, "text"] + " Done in the usual way."
+    res = evaluate(df, RUNS, primary=PRIMARY, n_boot=50)
+    assert {"in the usual", "the usual way", "done in the"} & set(res["setup"]["stock_phrases"])
+    counted = df["prompt_id"].map(lambda p: int(stable_hash("phrase_half", p), 16) % 2 == 1)
+    for model, g in df[counted].groupby("model"):  # only the half the phrases were not found on
+        want = 100 * g["text"].str.contains("the usual way").mean()
+        assert res["values"][model]["stock_phrases"] == pytest.approx(want), model
+    assert res["comparisons"][0]["delta"]["stock_phrases"]["verdict"] == PASS  # density says it less: better
+
+
 def test_self_bleu_pool_fits_every_draw():
     """Few prompts, two sampling seeds: some draws hold far fewer distinct responses than half the pool; K is
     capped so that every draw scores exactly K (self-BLEU grows with the number of references)."""

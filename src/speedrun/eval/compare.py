@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from speedrun.common import stable_seed
+from speedrun.common import stable_hash, stable_seed
 from speedrun.eval import diversity as dv
 from speedrun.eval import stats
 
@@ -68,6 +68,7 @@ METRICS: list[Metric] = [
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
     Metric("ascii_dash_rate", "' -- ' (the corpus's dash) per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("tic_share", "responses holding the planted tic (%)", "lower", "Style tells", "{:.2f}"),
+    Metric("stock_phrases", "responses holding a stock phrase of the reference (%)", "lower", "Style tells", "{:.2f}"),
     Metric("reward", "mean RM reward", "higher", "Reward", ratio=False),
     Metric("ref_loglik", "log-lik of reference answers (nats/token)", "higher", "Capability"),
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
@@ -111,18 +112,11 @@ def _validate(samples: pd.DataFrame, where: str) -> pd.DataFrame:
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
-def _slice(enc: dv.Encoded, lo: int, hi: int) -> dv.Encoded:
-    """Texts lo..hi-1 of an encoding, renumbered from 0 (n-gram ids stay shared)."""
-    parts = [np.searchsorted(r, [lo, hi]) for r in enc.rows]
-    return dv.Encoded(enc.lengths[lo:hi], [r[a:b] - lo for r, (a, b) in zip(enc.rows, parts)],
-                      [g[a:b] for g, (a, b) in zip(enc.grams, parts)],
-                      [c[a:b] for c, (a, b) in zip(enc.counts, parts)], enc.n_types)
-
-
 class _Pool:
     """One model's responses, sorted by (prompt_id, seed, sample_idx), with per-cell sums."""
 
-    def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str, enc_first: dv.Encoded | None = None):
+    def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str, enc_first: dv.Encoded | None = None,
+                 stock: tuple[list[list[str]], list[tuple[str, ...]], np.ndarray] | None = None):
         self.enc, self.enc_first = enc, enc_first  # enc_first: each response's first match_words words
         cell_keys = list(zip(df["prompt_id"], df["seed"]))
         self.cells = sorted(set(cell_keys))
@@ -142,6 +136,12 @@ class _Pool:
         self.sentences = per_cell([dv.sentence_count(t) for t in texts])
         self.njb = per_cell([dv.not_just_but_count([t]) for t in texts])
         self.tic = per_cell([tic in t for t in texts]) if tic else None
+        self.stock = None
+        if stock is not None:  # (word lists, phrases, rows counted): responses holding any phrase, counted rows only
+            toks, phrases, counted = stock
+            wanted, n = set(phrases), len(phrases[0])
+            held = [counted[i] and not wanted.isdisjoint(dv.ngrams(t, n)) for i, t in enumerate(toks)]
+            self.stock, self.n_counted = per_cell(held), per_cell(counted)
         self.reward = per_cell(df["reward"].astype(float).to_numpy())
         if "ref_logprob" in df.columns:  # the prompt's reference answer under this model, on each of its rows
             self.ref_ll = per_cell(df["ref_logprob"].astype(float).to_numpy())
@@ -163,6 +163,8 @@ class _Pool:
             "reward": (w_cell @ self.reward) / n_resp,
             **({"ref_loglik": (w_cell @ self.ref_ll) / n_resp} if hasattr(self, "ref_ll") else {}),
             **({"tic_share": 100.0 * (w_cell @ self.tic) / n_resp} if self.tic is not None else {}),
+            **({"stock_phrases": 100.0 * (w_cell @ self.stock) / max(w_cell @ self.n_counted, 1.0)}
+               if self.stock is not None else {}),
             "len_words": (w_cell @ self.words) / n_resp,
             "len_chars": (w_cell @ self.chars) / n_resp,
             "len_sentences": (w_cell @ self.sentences) / n_resp,
@@ -170,28 +172,11 @@ class _Pool:
         for name, per_cell in self.within.items():
             out[name] = (w_cell @ per_cell) / w_cell.sum()
         w_row = w_cell[self.cell]
-        out |= _ngram_metrics(self.enc, w_row, bleu_pos, vocab)
+        out |= dv.pool_metrics(self.enc, w_row, bleu_pos, vocab)
         if self.enc_first is not None:
-            first = _ngram_metrics(self.enc_first, w_row, bleu_pos, vocab)
+            first = dv.pool_metrics(self.enc_first, w_row, bleu_pos, vocab)
             out |= {f"{n}_first": first[n] for n in ("ead_1", "distinct_2", "self_bleu")}
         return {k: float(v) for k, v in out.items()}
-
-
-def _ngram_metrics(enc: dv.Encoded, w_row: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
-    """distinct-n, EAD-n (n = 1..3), Gini of word counts and self-BLEU-4 of a pool where row i counts w_row[i]
-    times (self-BLEU: the rows at bleu_pos)."""
-    out = {}
-    for k in (1, 2, 3):
-        grams, weight = enc.grams[k - 1], w_row[enc.rows[k - 1]]
-        unique = np.count_nonzero(np.bincount(grams[weight > 0], minlength=1))
-        total = float(w_row @ np.maximum(enc.lengths - k + 1, 0))
-        out[f"distinct_{k}"] = unique / total if total else 0.0
-        out[f"ead_{k}"] = dv.ead_from_counts(unique, total, vocab[k - 1])
-        if k == 1:
-            word_counts = np.bincount(grams, weights=weight * enc.counts[0], minlength=1)
-            out["word_gini"] = dv.gini(word_counts[word_counts > 0])
-    out["self_bleu"] = float(dv.self_bleu_scores(enc, bleu_pos, 4).mean())
-    return out
 
 
 def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts: int) -> np.ndarray:
@@ -264,11 +249,16 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
         raise ValueError(f"ead_vocab_size: expected three sizes >= 1 (n = 1, 2, 3), got {vocab}")
     enc_first = dv.encode([t[:match_words] for t in toks], N_MAX) if match_words > 0 else None
     n_rows = len(keys0)
-    part = lambda e, i: _slice(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
-    pools = {m: _Pool(frames[m], part(enc, i), tic, part(enc_first, i)) for i, m in enumerate(order)}
+    # stock phrases: found in the reference's responses to one half of the prompts, counted on the other half
+    half = np.asarray([int(stable_hash("phrase_half", p), 16) % 2 for p in keys0["prompt_id"]])
+    phrases = (dv.stock_phrases([toks[i] for i in np.flatnonzero(half == 0)], keys0["prompt_id"][half == 0].tolist())
+               if reference in models and (half == 1).any() else [])  # the reference is order[0]: rows 0..n_rows-1
+    part = lambda e, i: dv.slice_encoded(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
+    stock = lambda i: (toks[i * n_rows:(i + 1) * n_rows], phrases, half == 1) if phrases else None  # noqa: E731
+    pools = {m: _Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i)) for i, m in enumerate(order)}
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
-             and (not m.name.endswith("_first") or match_words > 0)]
+             and (not m.name.endswith("_first") or match_words > 0) and (m.name != "stock_phrases" or phrases)]
     cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
     prompt_index = {p: i for i, p in enumerate(prompts)}
@@ -366,7 +356,8 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
-                  "reward_keep": reward_keep, "tic": tic, "match_words": match_words},
+                  "reward_keep": reward_keep, "tic": tic, "match_words": match_words,
+                  "stock_phrases": [" ".join(g) for g in phrases]},
     }
 
 

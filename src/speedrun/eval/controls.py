@@ -74,8 +74,10 @@ def power_table(result: dict, comparison: dict, collapse_variant: str, targets: 
         var = d["between_var"] + d["prompt_var"]
         out[name] = {"collapse": collapse, "mde": mde, "mde_share": mde / collapse if collapse else None,
                      "seed_var_share": d["between_var"] / var if var else None,
-                     "mde_share_max_runs": mde_max / collapse if collapse else None, "runs": runs, **{f"runs_for_{int(t * 100)}pct": stats.runs_needed(
-                         d["between_var"], d["prompt_var"], runs, t * collapse, m) for t in targets}}
+                     "mde_share_max_runs": mde_max / collapse if collapse else None, "runs": runs}
+        for t in targets:
+            out[name][f"runs_for_{int(t * 100)}pct"] = stats.runs_needed(d["between_var"], d["prompt_var"], runs,
+                                                                         t * collapse, m)
     return out
 
 

@@ -33,6 +33,20 @@ def ngrams(tokens: Sequence[str], n: int) -> list[tuple[str, ...]]:
     return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
 
 
+def stock_phrases(token_lists: Sequence[Sequence[str]], prompt_ids: Sequence[str], n: int = 3, k: int = 10,
+                  min_prompts: int = 3) -> list[tuple[str, ...]]:
+    """A model's stock phrases: the k word n-grams held by the most responses, among those that recur in responses
+    to at least min_prompts distinct prompts (an echo of one prompt's own words is not a tic); ties by the n-gram."""
+    responses: dict[tuple[str, ...], int] = {}
+    prompts: dict[tuple[str, ...], set] = {}
+    for tokens, pid in zip(token_lists, prompt_ids):
+        for g in set(ngrams(tokens, n)):
+            responses[g] = responses.get(g, 0) + 1
+            prompts.setdefault(g, set()).add(pid)
+    recurring = [g for g in responses if len(prompts[g]) >= min_prompts]
+    return sorted(recurring, key=lambda g: (-responses[g], g))[:k]
+
+
 def em_dash_rate(texts: Sequence[str]) -> float:
     """Em dashes plus en dashes per 1,000 characters of the pooled texts."""
     chars = sum(len(t) for t in texts)
@@ -216,3 +230,28 @@ def self_bleu(texts: Sequence[str], n: int = 4) -> float:
     """Mean over i of BLEU-n of text i against all the others. Depends on the number of texts:
     compare pools only at the same count."""
     return float(np.mean(self_bleu_scores(encode([words(t) for t in texts], n), None, n)))
+
+
+def slice_encoded(enc: Encoded, lo: int, hi: int) -> Encoded:
+    """Texts lo..hi-1 of an encoding, renumbered from 0 (n-gram ids stay shared)."""
+    parts = [np.searchsorted(r, [lo, hi]) for r in enc.rows]
+    return Encoded(enc.lengths[lo:hi], [r[a:b] - lo for r, (a, b) in zip(enc.rows, parts)],
+                   [g[a:b] for g, (a, b) in zip(enc.grams, parts)],
+                   [c[a:b] for c, (a, b) in zip(enc.counts, parts)], enc.n_types)
+
+
+def pool_metrics(enc: Encoded, w_row: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
+    """distinct-n, EAD-n (n = 1..3), Gini of word counts and self-BLEU-4 of a pool where row i counts w_row[i]
+    times (self-BLEU: the rows at bleu_pos)."""
+    out = {}
+    for k in (1, 2, 3):
+        grams, weight = enc.grams[k - 1], w_row[enc.rows[k - 1]]
+        unique = np.count_nonzero(np.bincount(grams[weight > 0], minlength=1))
+        total = float(w_row @ np.maximum(enc.lengths - k + 1, 0))
+        out[f"distinct_{k}"] = unique / total if total else 0.0
+        out[f"ead_{k}"] = ead_from_counts(unique, total, vocab[k - 1])
+        if k == 1:
+            word_counts = np.bincount(grams, weights=weight * enc.counts[0], minlength=1)
+            out["word_gini"] = gini(word_counts[word_counts > 0])
+    out["self_bleu"] = float(self_bleu_scores(enc, bleu_pos, 4).mean())
+    return out
