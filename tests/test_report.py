@@ -168,6 +168,19 @@ def test_stock_phrases_are_found_on_one_half_of_the_reference_and_counted_on_the
     assert res["comparisons"][0]["delta"]["stock_phrases"]["verdict"] == PASS  # density says it less: better
 
 
+def test_arms_are_analysed_paired_only_where_enough_matched_runs_correlate():
+    runs = {v: [f"grpo_{v}_s{i}" for i in range(1, 7)] for v in ("density", "baseline")}
+    shared = [0.0, 2.0, -1.0, 3.0, 1.0, -2.0]  # training seed i's effect, in both arms
+    kinds = {"sft": ("diverse", 0.0)} | {r: ("diverse", 0.3 + e) for r, e in zip(runs["density"], shared)}
+    kinds |= {r: ("diverse", e) for r, e in zip(runs["baseline"], shared)}
+    df = make_samples(kinds, n_prompts=6)
+    six = evaluate(df, runs, primary=PRIMARY, n_boot=50)["comparisons"][0]["delta"]["reward"]
+    assert six["pair_r"] > 0.99 and six["paired"] and six["ci_low"] > 0  # the shared effect cancels
+    three = {v: r[:3] for v, r in runs.items()}
+    d = evaluate(df, three, primary=PRIMARY, n_boot=50)["comparisons"][0]["delta"]["reward"]
+    assert d["pair_r"] > 0.99 and not d["paired"] and d["ci_low"] < 0  # too few pairs to rely on the coupling
+
+
 def test_self_bleu_pool_fits_every_draw():
     """Few prompts, two sampling seeds: some draws hold far fewer distinct responses than half the pool; K is
     capped so that every draw scores exactly K (self-BLEU grows with the number of references)."""

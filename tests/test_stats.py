@@ -57,6 +57,19 @@ def test_permutation_p_is_exact():
     assert stats.permutation_p([1.0], [2.0, 3.0])["p"] is None  # one run: nothing to permute
 
 
+def test_a_paired_analysis_removes_the_shared_seed_effect():
+    rng = np.random.default_rng(1)
+    seed_effect = rng.normal(0, 1.0, 6)  # what run i of both arms share
+    a, b = seed_effect + 0.5 + rng.normal(0, 0.1, 6), seed_effect + rng.normal(0, 0.1, 6)
+    boot = lambda x: np.tile(x, (50, 1)) + rng.normal(0, 1e-3, (50, x.size))  # noqa: E731
+    unpaired = stats.pooled_delta(a, b, boot(a), boot(b))
+    paired = stats.pooled_delta(a, b, boot(a), boot(b), paired=True)
+    assert paired["value"] == unpaired["value"] and paired["between_var"] < unpaired["between_var"] / 20
+    assert paired["ci_low"] > 0 > unpaired["ci_low"] and paired["df"] == pytest.approx(5, rel=0.05)
+    with pytest.raises(ValueError, match="as many runs"):
+        stats.pooled_delta(a, b[:5], boot(a), boot(b[:5]), paired=True)
+
+
 def test_pooled_delta_terms():
     rng = np.random.default_rng(0)
     pa, pb, ba, bb = simulate_runs(rng, 3, 3, run_sd=0.3)

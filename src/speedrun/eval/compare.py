@@ -296,14 +296,19 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     def pooled(runs_a: list[str], runs_b: list[str], fixed_b: bool) -> dict[str, dict]:
         out = {}
         for j, n in enumerate(names):
-            d = stats.pooled_delta([point[r][j] for r in runs_a], [point[r][j] for r in runs_b],
-                                   np.stack([boot[r][:, j] for r in runs_a], 1),
-                                   np.stack([boot[r][:, j] for r in runs_b], 1), fixed_b=fixed_b)
+            pa, pb = np.asarray([point[r][j] for r in runs_a]), np.asarray([point[r][j] for r in runs_b])
+            # the arms share each training seed's streams: pair run i with run i only where that coupling shows
+            r_pair = (float(np.corrcoef(pa, pb)[0, 1]) if not fixed_b and pa.size == pb.size >= 3
+                      and pa.std() > 0 and pb.std() > 0 else None)
+            paired = r_pair is not None and pa.size >= stats.PAIRED_MIN_RUNS and r_pair >= stats.PAIRED_MIN_R
+            d = stats.pooled_delta(pa, pb, np.stack([boot[r][:, j] for r in runs_a], 1),
+                                   np.stack([boot[r][:, j] for r in runs_b], 1), fixed_b=fixed_b, paired=paired)
+            d["pair_r"], d["paired"] = r_pair, paired
             good = METRIC_BY_NAME[n].good
             d["role"] = "control" if good == "neutral" else ("primary" if n in primary else "secondary")
             d["verdict"] = verdict(good, d["ci_low"], d["ci_high"]) if d["seed_variance"] else None
             if not fixed_b:  # robustness: exact permutation over the runs (stats.permutation_p)
-                perm = stats.permutation_p([point[r][j] for r in runs_a], [point[r][j] for r in runs_b])
+                perm = stats.permutation_p(pa, pb)
                 d["p_perm"], d["p_perm_min"] = perm["p"], perm["p_min"]
             out[n] = d
         return out

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from speedrun.common import stable_hash, write_text
+from speedrun.eval import stats
 from speedrun.eval.compare import FAIL, METRIC_BY_NAME, PASS, UNSURE
 from speedrun.eval.figures import _shares, plot_forest, plot_logs, plot_metrics, plot_scatter, plot_weights
 
@@ -130,6 +131,14 @@ def _comparison_table(result: dict, c: dict) -> list[str]:
         perm = "" if d.get("p_perm") is None else f"{d['p_perm']:.3f}"
         out.append(f"| {m.label} | {d['role']} | {GOOD_TEXT[m.good]} | {_fmt(n, mean(c['runs_a']))} | "
                    f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {perm} | {ver} |")
+    coupled = [n for n in result["primary"] if c["delta"][n].get("pair_r") is not None]
+    if coupled:  # the arms share each training seed's streams: does that show in their runs?
+        paired = [METRIC_BY_NAME[n].label for n in coupled if c["delta"][n]["paired"]]
+        out += ["", "Coupling: run i of each arm shares training seed i's sampling and prompt-draw streams. Correlation "
+                "of the matched runs: " + ", ".join(f"{METRIC_BY_NAME[n].label} r {c['delta'][n]['pair_r']:+.2f}"
+                                                    for n in coupled)
+                + f". A primary is analysed paired only with ≥ {stats.PAIRED_MIN_RUNS} pairs and r ≥ "
+                f"{stats.PAIRED_MIN_R}: " + (f"paired: {', '.join(paired)}." if paired else "none here (unpaired).")]
     return out
 
 

@@ -39,6 +39,7 @@ import numpy as np
 
 ALPHA = 0.05
 MAX_RUNS = 64  # the most runs per variant a power analysis considers
+PAIRED_MIN_RUNS, PAIRED_MIN_R = 6, 0.5  # a paired analysis only where the coupling is shown: enough pairs, r this high
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -90,13 +91,15 @@ def t_ppf(q: float, df: float) -> float:
 
 
 def pooled_delta(point_a: np.ndarray, point_b: np.ndarray, boot_a: np.ndarray, boot_b: np.ndarray,
-                 fixed_b: bool = False, level: float = 1 - ALPHA) -> dict:
+                 fixed_b: bool = False, level: float = 1 - ALPHA, paired: bool = False) -> dict:
     """Δ = mean(point_a) - mean(point_b) for one metric, with the interval of the module doc.
 
     point_a [R_a], point_b [R_b]: each run's value on the whole evaluation; boot_a [n_boot, R_a] and
     boot_b [n_boot, R_b]: the same runs on shared bootstrap draws over prompts. fixed_b: b is one fixed
-    model (no training seed to vary). Returns value, ci_low, ci_high, se, df, p (two-sided, H0: Δ = 0),
-    between_var, prompt_var and seed_variance (False when a side has one run: then no verdict).
+    model (no training seed to vary). paired: run i of a and run i of b share a training seed's random streams,
+    so the between-run term is the variance of their differences over R (R_a = R_b = R; df R - 1). Returns value,
+    ci_low, ci_high, se, df, p (two-sided, H0: Δ = 0), between_var, prompt_var and seed_variance (False when a side
+    has one run: then no verdict).
     """
     point_a, point_b = np.asarray(point_a, float), np.asarray(point_b, float)
     boot_a, boot_b = np.asarray(boot_a, float), np.asarray(boot_b, float)
@@ -114,6 +117,10 @@ def pooled_delta(point_a: np.ndarray, point_b: np.ndarray, boot_a: np.ndarray, b
         # one run's sampling noise over the prompt draws, from its deviation from the variant mean
         per_run = float(np.var(boot - boot.mean(1, keepdims=True), axis=0).mean()) * r / (r - 1)
         noise_var += per_run / r
+    if paired and seed_variance and not fixed_b:
+        if point_a.size != point_b.size:
+            raise ValueError(f"a paired comparison needs as many runs per side, got {point_a.size} and {point_b.size}")
+        terms = [(float(np.var(point_a - point_b, ddof=1)) / point_a.size, point_a.size - 1)]
     between_var = sum(v for v, _ in terms)
     prompt_var = max(0.0, prompt_var - noise_var) if seed_variance else prompt_var
     var = between_var + prompt_var
