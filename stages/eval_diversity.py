@@ -85,9 +85,8 @@ def main(p, io) -> None:
                                  for name, t in temps.items()], ignore_index=True)
     embedder, _ = load_model(io.sft_dir, dev, tok.digest)  # one fixed embedder for every model's responses
     control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), dev)
-    others = ("ead_1", "distinct_2", "self_bleu") + (("ead_1_first", "distinct_2_first", "self_bleu_first")
-                                                     if c.match_words else ()) + ("within_self_bleu", "within_vendi",
-                                                                                  "word_gini")
+    matched = ["ead_1_first", "distinct_2_first", "self_bleu_first"] if c.match_words else []
+    others = ["ead_1", "distinct_2", "self_bleu"] + matched + ["within_self_bleu", "within_vendi", "word_gini"]
     control = temperature_ordering(control_samples, temps, configured + [m for m in others if m not in configured],
                                    vocab, p.seed, c.match_words)
     primary = [m for m in configured if control["metrics"][m]["passes"]]

@@ -31,6 +31,7 @@ import pandas as pd
 from speedrun.common import stable_hash, stable_seed
 from speedrun.eval import diversity as dv
 from speedrun.eval import stats
+from speedrun.eval.pool import Pool, draw_cells
 
 GOOD = ("lower", "higher", "neutral")
 PASS, FAIL, UNSURE = "\u2705", "\u274c", "\u2796"  # ✅ ❌ ➖
@@ -112,84 +113,6 @@ def _validate(samples: pd.DataFrame, where: str) -> pd.DataFrame:
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
-class _Pool:
-    """One model's responses, sorted by (prompt_id, seed, sample_idx), with per-cell sums."""
-
-    def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str, enc_first: dv.Encoded | None = None,
-                 stock: tuple[list[list[str]], list[tuple[str, ...]], np.ndarray] | None = None):
-        self.enc, self.enc_first = enc, enc_first  # enc_first: each response's first match_words words
-        cell_keys = list(zip(df["prompt_id"], df["seed"]))
-        self.cells = sorted(set(cell_keys))
-        cell_of = {c: j for j, c in enumerate(self.cells)}
-        self.cell = np.asarray([cell_of[c] for c in cell_keys], dtype=np.int64)
-        n_cells = len(self.cells)
-        texts = df["text"].tolist()
-
-        def per_cell(values) -> np.ndarray:
-            return np.bincount(self.cell, weights=np.asarray(values, dtype=np.float64), minlength=n_cells)
-
-        self.n = per_cell(np.ones(len(df)))
-        self.chars = per_cell([len(t) for t in texts])
-        self.dashes = per_cell([sum(t.count(d) for d in dv.DASHES) for t in texts])
-        self.ascii_dashes = per_cell([t.count(dv.ASCII_DASH) for t in texts])
-        self.words = per_cell(enc.lengths)
-        self.sentences = per_cell([dv.sentence_count(t) for t in texts])
-        self.njb = per_cell([dv.not_just_but_count([t]) for t in texts])
-        self.tic = per_cell([tic in t for t in texts]) if tic else None
-        self.stock = None
-        if stock is not None:  # (word lists, phrases, rows counted): responses holding any phrase, counted rows only
-            toks, phrases, counted = stock
-            wanted, n = set(phrases), len(phrases[0])
-            held = [counted[i] and not wanted.isdisjoint(dv.ngrams(t, n)) for i, t in enumerate(toks)]
-            self.stock, self.n_counted = per_cell(held), per_cell(counted)
-        self.reward = per_cell(df["reward"].astype(float).to_numpy())
-        if "ref_logprob" in df.columns:  # the prompt's reference answer under this model, on each of its rows
-            self.ref_ll = per_cell(df["ref_logprob"].astype(float).to_numpy())
-        members = [np.flatnonzero(self.cell == j) for j in range(n_cells)]
-        self.within = {f"within_distinct_{k}": np.asarray(
-            [dv.distinct_n([texts[i] for i in rows], k) for rows in members]) for k in (1, 2, 3)}
-        self.within["within_self_bleu"] = np.asarray([dv.self_bleu_scores(enc, rows, 4).mean() for rows in members])
-        if "embedding" in df.columns:  # a fixed embedder's vector per response: semantic spread within a prompt
-            emb = np.stack(df["embedding"].to_numpy())
-            self.within["within_vendi"] = np.asarray([dv.vendi(emb[rows]) for rows in members])
-
-    def metrics(self, w_cell: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
-        """All metrics on the pool where cell j counts w_cell[j] times."""
-        n_resp = w_cell @ self.n
-        out = {
-            "em_dash_rate": 1000.0 * (w_cell @ self.dashes) / max(w_cell @ self.chars, 1.0),
-            "not_just_but": 100.0 * (w_cell @ self.njb) / n_resp,
-            "ascii_dash_rate": 1000.0 * (w_cell @ self.ascii_dashes) / max(w_cell @ self.chars, 1.0),
-            "reward": (w_cell @ self.reward) / n_resp,
-            **({"ref_loglik": (w_cell @ self.ref_ll) / n_resp} if hasattr(self, "ref_ll") else {}),
-            **({"tic_share": 100.0 * (w_cell @ self.tic) / n_resp} if self.tic is not None else {}),
-            **({"stock_phrases": 100.0 * (w_cell @ self.stock) / max(w_cell @ self.n_counted, 1.0)}
-               if self.stock is not None else {}),
-            "len_words": (w_cell @ self.words) / n_resp,
-            "len_chars": (w_cell @ self.chars) / n_resp,
-            "len_sentences": (w_cell @ self.sentences) / n_resp,
-        }
-        for name, per_cell in self.within.items():
-            out[name] = (w_cell @ per_cell) / w_cell.sum()
-        w_row = w_cell[self.cell]
-        out |= dv.pool_metrics(self.enc, w_row, bleu_pos, vocab)
-        if self.enc_first is not None:
-            first = dv.pool_metrics(self.enc_first, w_row, bleu_pos, vocab)
-            out |= {f"{n}_first": first[n] for n in ("ead_1", "distinct_2", "self_bleu")}
-        return {k: float(v) for k, v in out.items()}
-
-
-def _draw_cells(rng: np.random.Generator, prompt_of_cell: np.ndarray, n_prompts: int) -> np.ndarray:
-    """Cell weights of one nested bootstrap draw: prompts with replacement, then seeds within each."""
-    order = np.argsort(prompt_of_cell, kind="stable")
-    sizes = np.bincount(prompt_of_cell, minlength=n_prompts)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    picked = rng.integers(0, n_prompts, size=n_prompts)
-    rep = np.repeat(picked, sizes[picked])
-    cells = order[offsets[rep] + (rng.random(rep.size) * sizes[rep]).astype(np.int64)]
-    return np.bincount(cells, minlength=prompt_of_cell.size).astype(np.float64)
-
-
 def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
              primary: list[str] | tuple[str, ...] = (), reward_keep: float = 0.8, n_boot: int = 1000,
@@ -255,7 +178,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                if reference in models and (half == 1).any() else [])  # the reference is order[0]: rows 0..n_rows-1
     part = lambda e, i: dv.slice_encoded(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
     stock = lambda i: (toks[i * n_rows:(i + 1) * n_rows], phrases, half == 1) if phrases else None  # noqa: E731
-    pools = {m: _Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i)) for i, m in enumerate(order)}
+    pools = {m: Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i)) for i, m in enumerate(order)}
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
              and (not m.name.endswith("_first") or match_words > 0) and (m.name != "stock_phrases" or phrases)]
@@ -267,7 +190,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
 
     # every draw first, so self-BLEU's pool size k fits the draw with the fewest distinct responses
     rng = np.random.default_rng(stable_seed("bootstrap", seed))
-    draws = [_draw_cells(rng, prompt_of_cell, len(prompts)) for _ in range(n_boot)]
+    draws = [draw_cells(rng, prompt_of_cell, len(prompts)) for _ in range(n_boot)]
     eligible = [np.flatnonzero(w[cell_of_row] > 0) for w in draws]
     k = max(2, min(self_bleu_k, n_rows // 2, min(e.size for e in eligible)))
     point_pos = np.sort(np.random.default_rng(stable_seed("self_bleu", seed)).choice(n_rows, k, replace=False))
