@@ -45,6 +45,18 @@ def made_up(n: int, seed: int) -> list[list[dict]]:
     return out
 
 
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rows: list, pad_id: int, bf16: bool) -> float:
+    """One AdamW step on a batch of rendered conversations (loss on assistant tokens); the loss."""
+    model.train()
+    x, y = pad_conversations(rows, 256, pad_id)
+    with autocast("cpu", bf16):
+        loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def main(init: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to fine-tune"),
          steps: int = typer.Option(500), every: int = typer.Option(100), lr: float = typer.Option(3e-3),
          batch: int = typer.Option(32), per_item: int = typer.Option(32, help="questions per training item"),
@@ -66,13 +78,7 @@ def main(init: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to fi
     print(f"{len(train)} training conversations ({synthetic} made up), {len(held)} held-out items, "
           f"{'bf16' if bf16 else 'fp32'}")
     for step in range(1, steps + 1):
-        model.train()
-        x, y = pad_conversations([train[rng.randrange(len(train))] for _ in range(batch)], 256, tok.bos_id)
-        with autocast("cpu", bf16):
-            loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(model, opt, [train[rng.randrange(len(train))] for _ in range(batch)], tok.bos_id, bf16)
         if step % every == 0:
             model.eval()
             g = torch.Generator().manual_seed(0)
@@ -81,7 +87,7 @@ def main(init: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to fi
             texts = completion_texts(out, tok)
             right = sum(check(held[r // samples], t) is not None for r, t in enumerate(texts))
             probe = copy_probe(model, *merged_tokens(tok), p.seed, "cpu")
-            print(f"step {step}: train loss {loss.item():.3f}, held-out pass@1 {right / len(texts):.3f}, "
+            print(f"step {step}: train loss {loss:.3f}, held-out pass@1 {right / len(texts):.3f}, "
                   f"copy gain {probe['gain']:+.2f} nats/token, e.g. {texts[:3]}", flush=True)
 
 
