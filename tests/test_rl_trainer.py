@@ -87,6 +87,7 @@ def test_two_processes_train_as_one(tmp_path):
     process on the same global batch: the same completions and rewards, the same logged stats, the same weights,
     up to float rounding (the gradient is summed over ranks in another order)."""
     policy, _, one = run(**DDP_RUN)
+    init = toy_policy(0).state_dict()
     mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"out.{r}", weights_only=True) for r in range(2)]
     for r in ranks:
@@ -96,6 +97,11 @@ def test_two_processes_train_as_one(tmp_path):
                 assert a[k] == b[k], (k, a[k], b[k])
             for k in ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "grad_norm", "entropy", "logp_mean"):
                 assert abs(a[k] - b[k]) <= 1e-5 + 1e-4 * abs(b[k]), (k, a[k], b[k])
+        # Adam divides each gradient by its own running RMS, so float-order noise in a near-zero gradient becomes a
+        # visible weight difference: bound it by 1% of how far training moved the tensor (a rank's missing
+        # gradient would differ by the order of the learning rate)
         for name, w in policy.state_dict().items():
-            torch.testing.assert_close(r["state"][name], w, atol=1e-5, rtol=1e-4)
+            moved = (w - init[name]).abs().max().item()
+            gap = (r["state"][name] - w).abs().max().item()
+            assert gap <= 1e-2 * moved + 1e-6, (name, gap, moved)
     assert one.log[-1]["kl"] > 0 and any(row["truncated_frac"] > 0 for row in one.log)  # the checks had work
