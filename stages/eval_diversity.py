@@ -95,8 +95,10 @@ def main(p, io) -> None:
                          f"{c.control_temperatures} (Spearman >= {control['min_rho']}): nothing to test")
 
     models = {"sft": io.sft_dir} | {run_name(v, s): io.runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
+    # the SFT model at the evaluation temperature drew exactly these responses in the control: not drawn twice
+    same = control_samples[control_samples["model"] == f"sft@T{c.temperature:g}"].drop(columns="embedding")
     samples = sample_models(models, tok, rm, df, ids, io.pairs, c.seeds, c.samples_per_prompt, c.max_new_tokens,
-                            c.temperature, c.top_p, p.seed, dev)
+                            c.temperature, c.top_p, p.seed, dev, drawn={"sft": same} if len(same) else None)
     write_parquet(io.samples_out, samples)
     samples["embedding"] = embed_texts(embedder, tok, samples["text"].tolist(), dev)  # for the Vendi score only
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}

@@ -68,21 +68,26 @@ def embed_texts(model: GPT, tok: Tokenizer, texts: list[str], device: str, batch
     so an empty text has one), mean-pooled. With one fixed model for every evaluated model's responses, a
     similarity between them does not depend on which models are evaluated."""
     rows = [(tok.encode(t) + [tok.assistant_end_id])[-model.config.seq_len:] for t in texts]
-    out = []
-    for i in range(0, len(rows), batch_size):
-        ids, key_mask = left_pad(rows[i:i + batch_size], tok.bos_id, device)
+    order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))  # similar lengths batched: little padding
+    out: list = [None] * len(rows)
+    for i in range(0, len(order), batch_size):
+        chunk = order[i:i + batch_size]
+        ids, key_mask = left_pad([rows[j] for j in chunk], tok.bos_id, device)
         h = model.hidden(ids, key_mask=key_mask).float()
         pooled = (h * key_mask[..., None]).sum(1) / key_mask.sum(1, keepdim=True)
-        out += list(torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy())
+        for j, v in zip(chunk, torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()):
+            out[j] = v
     return out
 
 
 def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
                   ids: list[list[int]], pairs_path: Path | None, seeds: int, samples_per_prompt: int,
-                  max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str) -> pd.DataFrame:
+                  max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str,
+                  drawn: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """sample_model for every checkpoint dir of `models` ({name: dir}); with pairs_path, each row also carries
-    the model's log-likelihood of its prompt's reference answer (capability kept?)."""
-    rows, ref = [], None
+    the model's log-likelihood of its prompt's reference answer (capability kept?). drawn: {name: rows} a
+    model already drew with this very sampler (same generators, so sampling again gives the same rows): reused."""
+    rows, ref, drawn = [], None, drawn or {}
     bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
         model, _ = load_model(Path(ckpt), device, tok.digest)
@@ -91,8 +96,13 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
             if ref is None:
                 ref = reference_token_ids(pairs_path, tok, prompts["prompt_id"].tolist(), ids, model.config.seq_len)
             ll = reference_logprob(model, *ref, device)
-        rows += sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
-                             temperature, top_p, seed, device, ll)
+        if name in drawn:
+            at = {pid: i for i, pid in enumerate(prompts["prompt_id"])}
+            rows += [r | {"model": name} | ({"ref_logprob": ll[at[r["prompt_id"]]]} if ll is not None else {})
+                     for r in drawn[name].to_dict("records")]
+        else:
+            rows += sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
+                                 temperature, top_p, seed, device, ll)
         bar.update(1)
         bar.log(f"eval: sampled {name} ({len(prompts)} prompts x {seeds} seeds x {samples_per_prompt})")
     bar.close()

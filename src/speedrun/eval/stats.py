@@ -86,7 +86,10 @@ def t_ppf(q: float, df: float) -> float:
     lo, hi = -1e3, 1e3
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+        step = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+        if step == (lo, hi):  # a fixed point in float64 (after ~60 halvings): the rest would not move it
+            break
+        lo, hi = step
     return 0.5 * (lo + hi)
 
 
