@@ -178,6 +178,13 @@ def test_mde_shrinks_with_seeds_and_the_power_table_reads_the_comparison():
     assert ead["seed_var_share"] == pytest.approx(d["between_var"] / (d["between_var"] + d["prompt_var"]))
     md = power_section(power, res["comparisons"][0], "baseline", "sft")
     assert "Var(Δ) from seeds" in md and f"at {stats.MAX_RUNS} seeds" in md
+    assert power["self_bleu"]["collapse"] > 0  # collapse is signed: self-BLEU rose, a loss of diversity
+    # GRPO that makes the runs MORE diverse than the reference has no collapse to measure an MDE against
+    kinds = {"sft": ("collapsed", 1.0)} | {r: ("diverse", 0.0) for r in RUNS["density"] + RUNS["baseline"]}
+    res = evaluate(make_samples(kinds, n_prompts=6), RUNS, primary=["ead_1", "self_bleu"], n_boot=50)
+    power = power_table(res, res["comparisons"][0], "baseline")
+    assert all(d["collapse"] < 0 and d["mde_share"] is None and d["runs_for_30pct"] is None for d in power.values())
+    assert "| no collapse |" in power_section(power, res["comparisons"][0], "baseline", "sft")
 
 
 def test_the_manipulation_check_measures_how_far_the_prompt_mix_moves():

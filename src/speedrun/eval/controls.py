@@ -60,24 +60,27 @@ def ordering_section(control: dict, configured: list[str], kept: list[str]) -> s
 
 def power_table(result: dict, comparison: dict, collapse_variant: str, targets: tuple[float, ...] = (0.5, 0.3)
                 ) -> dict:
-    """Per primary: GRPO's own collapse (collapse_variant − reference), the comparison's MDE at its seeds as a share
-    of that collapse, the share of Var(Δ) the training seeds make, the MDE share at stats.MAX_RUNS seeds, and the
-    seeds per variant each target share needs."""
+    """Per primary: GRPO's own collapse (collapse_variant − reference, signed so that > 0 is a loss of diversity),
+    the comparison's MDE at its seeds as a share of that collapse, the share of Var(Δ) the training seeds make, the
+    MDE share at stats.MAX_RUNS seeds, and the seeds per variant each target share needs. Where GRPO made the metric
+    more diverse (collapse ≤ 0) there is no collapse to take a share of: the shares and seed counts are None."""
     runs = len(comparison["runs_a"])
     m = max(1, len(result["primary"]))
     out = {}
     for name in result["primary"]:
         d = comparison["delta"][name]
-        collapse = abs(result["vs_reference"][collapse_variant][name]["value"])
+        moved = result["vs_reference"][collapse_variant][name]["value"]
+        collapse = -moved if METRIC_BY_NAME[name].good == "higher" else moved
+        share = (lambda x: x / collapse) if collapse > 0 else (lambda x: None)  # noqa: E731
         mde = stats.mde(d["between_var"], d["prompt_var"], runs, runs, m)
         mde_max = stats.mde(d["between_var"], d["prompt_var"], runs, stats.MAX_RUNS, m)
         var = d["between_var"] + d["prompt_var"]
-        out[name] = {"collapse": collapse, "mde": mde, "mde_share": mde / collapse if collapse else None,
+        out[name] = {"collapse": collapse, "mde": mde, "mde_share": share(mde),
                      "seed_var_share": d["between_var"] / var if var else None,
-                     "mde_share_max_runs": mde_max / collapse if collapse else None, "runs": runs}
+                     "mde_share_max_runs": share(mde_max), "runs": runs}
         for t in targets:
-            out[name][f"runs_for_{int(t * 100)}pct"] = stats.runs_needed(d["between_var"], d["prompt_var"], runs,
-                                                                         t * collapse, m)
+            out[name][f"runs_for_{int(t * 100)}pct"] = stats.runs_needed(
+                d["between_var"], d["prompt_var"], runs, t * collapse, m) if collapse > 0 else None
     return out
 
 
@@ -87,15 +90,16 @@ def power_section(power: dict, comparison: dict, collapse_variant: str, referenc
              f"(Holm's first step), from the measured between-seed and prompt variances; as a share of GRPO's own "
              f"collapse ({collapse_variant} − {reference}). A null below is evidence only against effects larger "
              "than its MDE. Where the training seeds make most of Var(Δ), more held-out prompts cannot help; only "
-             "more seeds (or a larger collapse) can.", "",
+             "more seeds (or a larger collapse) can. Collapse is signed: a negative one means GRPO made the metric "
+             "*more* diverse, so there is no collapse to measure the MDE against.", "",
              f"| primary | collapse | MDE | MDE / collapse | Var(Δ) from seeds | MDE / collapse at {stats.MAX_RUNS} "
              f"seeds | seeds per arm for ≤ 50% | for ≤ 30% |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     pct = lambda x: "no collapse" if x is None else format(x, ".0%")  # noqa: E731
     for name, d in power.items():
-        lines.append(f"| {METRIC_BY_NAME[name].label} | {d['collapse']:.4f} | {d['mde']:.4f} | {pct(d['mde_share'])} | "
+        need = lambda r: "—" if d["mde_share"] is None else (r or f"> {stats.MAX_RUNS}")  # noqa: E731
+        lines.append(f"| {METRIC_BY_NAME[name].label} | {d['collapse']:+.4f} | {d['mde']:.4f} | {pct(d['mde_share'])} | "
                      f"{'—' if d['seed_var_share'] is None else format(d['seed_var_share'], '.0%')} | "
-                     f"{pct(d['mde_share_max_runs'])} | {d['runs_for_50pct'] or f'> {stats.MAX_RUNS}'} | "
-                     f"{d['runs_for_30pct'] or f'> {stats.MAX_RUNS}'} |")
+                     f"{pct(d['mde_share_max_runs'])} | {need(d['runs_for_50pct'])} | {need(d['runs_for_30pct'])} |")
     return "\n".join(lines)
 
 
