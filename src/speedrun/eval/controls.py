@@ -71,16 +71,16 @@ def power_table(result: dict, comparison: dict, collapse_variant: str, targets: 
         d = comparison["delta"][name]
         moved = result["vs_reference"][collapse_variant][name]["value"]
         collapse = -moved if METRIC_BY_NAME[name].good == "higher" else moved
-        share = (lambda x: x / collapse) if collapse > 0 else (lambda x: None)  # noqa: E731
+        lost = collapse > 0  # GRPO lost diversity on this metric: a collapse to take shares of
         mde = stats.mde(d["between_var"], d["prompt_var"], runs, runs, m)
         mde_max = stats.mde(d["between_var"], d["prompt_var"], runs, stats.MAX_RUNS, m)
         var = d["between_var"] + d["prompt_var"]
-        out[name] = {"collapse": collapse, "mde": mde, "mde_share": share(mde),
+        out[name] = {"collapse": collapse, "mde": mde, "mde_share": mde / collapse if lost else None,
                      "seed_var_share": d["between_var"] / var if var else None,
-                     "mde_share_max_runs": share(mde_max), "runs": runs}
+                     "mde_share_max_runs": mde_max / collapse if lost else None, "runs": runs}
         for t in targets:
             out[name][f"runs_for_{int(t * 100)}pct"] = stats.runs_needed(
-                d["between_var"], d["prompt_var"], runs, t * collapse, m) if collapse > 0 else None
+                d["between_var"], d["prompt_var"], runs, t * collapse, m) if lost else None
     return out
 
 
