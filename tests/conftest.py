@@ -66,6 +66,12 @@ def dvc(repo: Path, *args: str) -> str:
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list) -> None:
+    # the end-to-end test is half the suite's time: first in the queue, so one worker holds it while the other
+    # worker (and, by work stealing, the first one once it is done) runs every other test
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     """data/corpus + outs/tokenizer of a few hundred embedded docs, vocab 320: what training tests run on."""

@@ -34,6 +34,16 @@ def test_points_per_experiment_and_variant():
         frontier.table(points, "ead_1", "beta")
 
 
+def test_an_arm_taken_from_the_cache_by_two_experiments_is_one_point():
+    """An experiment that adds arms shows the default arms DVC took from the cache, scored as in its commit."""
+    cached = _record("controls", 0.04, 0.4)
+    cached["data"]["metrics"][frontier.METRICS_FILE]["data"]["density_vs_sft"]["reward"] = 0.45  # retrained: kept
+    points = frontier.frontier_points(frontier.experiments([{**_record("main", 0.04, 0.4), "experiments": [
+        {"revs": [cached]}]}]), "ead_1", "beta")
+    assert [(p["variant"], p["experiment"]) for p in points] == [("baseline", "controls, main"),
+                                                                ("density", "controls"), ("density", "main")]
+
+
 def test_command_writes_the_figure_and_table(tmp_path, capsys):
     show = tmp_path / "exps.json"
     show.write_text(json.dumps(SHOW))

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pandas as pd
+import pytest
 import yaml
 
 from conftest import dvc, git, make_pipeline_repo, run_module, set_params
@@ -99,6 +100,7 @@ def ran(out: str) -> set[str]:
     return {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
 
 
+@pytest.mark.e2e
 def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
     out = dvc(repo, "repro")

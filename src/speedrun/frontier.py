@@ -71,7 +71,15 @@ def frontier_points(exps: list[dict], metric: str, sweep: str, reference: str = 
                            "sweep": _param(e["params"], sweep),
                            **{f"{axis}{s}": block[f"{m}{s}"] for axis, m in (("x", metric), ("y", "reward"))
                               for s in ("", "_ci_low", "_ci_high")}})
-    return sorted(points, key=lambda p: (p["variant"], str(p["sweep"]), p["experiment"]))
+    # an arm DVC took from its cache in several experiments scores the same in each: one point, every name kept
+    merged: dict[tuple, dict[str, Any]] = {}
+    for p in sorted(points, key=lambda p: (p["variant"], str(p["sweep"]), p["experiment"])):
+        key = (p["variant"], str(p["sweep"]), *(p[f"{a}{s}"] for a in "xy" for s in ("", "_ci_low", "_ci_high")))
+        if key in merged:
+            merged[key]["experiment"] += f", {p['experiment']}"
+        else:
+            merged[key] = dict(p)
+    return list(merged.values())
 
 
 def plot_frontier(points: list[dict], metric: str, sweep: str, path: Path) -> None:
