@@ -86,6 +86,16 @@ def test_verdicts_follow_good_direction(samples, result):
     assert swapped["delta"]["reward"]["verdict"] == PASS and swapped["noninferiority"]["verdict"] == "non-inferior"
 
 
+def test_permutation_column_says_how_its_p_was_computed(result):
+    from speedrun.eval.report import _comparison_table
+    c = result["comparisons"][0]
+    assert "| permutation p (smallest possible 0.1) |" in _comparison_table(result, c)[0]
+    sampled = {**c, "delta": {n: ({**d, "p_perm": 2e-5, "p_perm_min": 1e-5, "p_perm_method": "monte carlo"}
+                                  if d.get("p_perm_min") is not None else d) for n, d in c["delta"].items()}}
+    lines = _comparison_table(result, sampled)
+    assert "| permutation p (Monte Carlo; smallest possible 1e-05) |" in lines[0] and "| 2e-05 |" in lines[2]
+
+
 def test_a_a_comparison_gives_no_verdict_either_way(samples):
     """The same runs under both names: Δ is 0, its interval straddles 0 (the runs' spread counts twice), p is 1:
     never ✅ or ❌."""

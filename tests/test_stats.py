@@ -57,6 +57,22 @@ def test_permutation_p_is_exact():
     assert stats.permutation_p([1.0], [2.0, 3.0])["p"] is None  # one run: nothing to permute
 
 
+def test_permutation_p_monte_carlo_beyond_max_splits():
+    # too many splits to enumerate: seeded random splits agree with the exact p and repeat byte for byte
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0.4, 1.0, 7), rng.normal(0.0, 1.0, 7)
+    exact = stats.permutation_p(a, b)
+    mc = stats.permutation_p(a, b, max_splits=100, draws=20_000)
+    assert exact["method"] == "exact" and mc["method"] == "monte carlo" and mc["splits"] == exact["splits"]
+    assert abs(mc["p"] - exact["p"]) < 4 * np.sqrt(exact["p"] * (1 - exact["p"]) / 20_000) + 1e-4
+    assert mc == stats.permutation_p(a, b, max_splits=100, draws=20_000)
+    # 16 runs per arm, fully separated: exact enumeration is out of reach; p sits at the draws' floor, never 0
+    sep = stats.permutation_p(np.arange(16) + 100.0, np.arange(16) * 1.0, draws=1_000)
+    assert sep["method"] == "monte carlo" and sep["p"] == sep["p_min"] == pytest.approx(1 / 1_001)
+    same = stats.permutation_p(np.ones(16), np.ones(16), draws=1_000)
+    assert same["p"] == 1.0  # no difference: every split ties the observed one
+
+
 def test_a_paired_analysis_removes_the_shared_seed_effect():
     rng = np.random.default_rng(1)
     seed_effect = rng.normal(0, 1.0, 6)  # what run i of both arms share

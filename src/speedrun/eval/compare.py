@@ -230,9 +230,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
             good = METRIC_BY_NAME[n].good
             d["role"] = "control" if good == "neutral" else ("primary" if n in primary else "secondary")
             d["verdict"] = verdict(good, d["ci_low"], d["ci_high"]) if d["seed_variance"] else None
-            if not fixed_b:  # robustness: exact permutation over the runs (stats.permutation_p)
+            if not fixed_b:  # robustness: permutation over the runs (stats.permutation_p)
                 perm = stats.permutation_p(pa, pb)
-                d["p_perm"], d["p_perm_min"] = perm["p"], perm["p_min"]
+                d["p_perm"], d["p_perm_min"], d["p_perm_method"] = perm["p"], perm["p_min"], perm["method"]
             out[n] = d
         return out
 

@@ -28,9 +28,10 @@ METHOD = ("\u0394 = mean over a's runs \u2212 mean over b's runs (one run per GR
           "Reward is judged by non-inferiority: not worse than b's by more than the margin, the share of b's reward "
           "gain over the reference a may give up (a point estimate: its own noise is not in the margin). A variant "
           "with one run has no between-run variance: its interval covers prompts only and it gets no verdict. "
-          "Robustness: an exact permutation test on the runs' values (every split of the pooled runs; prompts not "
-          "resampled), beside p; its smallest attainable p, in its column's header, is 0.1 at three runs per "
-          "variant, so it can back a call only from six runs per variant up.")
+          "Robustness: a permutation test on the runs' values (prompts not resampled), beside p: exact over every split "
+          "of the pooled runs up to ten runs per variant, Monte Carlo over 100,000 seeded splits beyond; its smallest "
+          "attainable p, in its column's header, is 0.1 at three runs per variant, so it can back a call only from "
+          "six runs per variant up.")
 
 
 def _fmt(name: str, x: float, signed: bool = False) -> str:
@@ -117,8 +118,11 @@ def _comparison_table(result: dict, c: dict) -> list[str]:
     a, b = c["a"], c["b"]
     roles = {"primary": 0, "secondary": 1, "control": 2}
     names = sorted(result["metrics"], key=lambda n: (roles[c["delta"][n]["role"]], result["metrics"].index(n)))
-    perm_min = next((d["p_perm_min"] for d in c["delta"].values() if d.get("p_perm_min") is not None), None)
-    perm_head = f"permutation p (smallest possible {perm_min:.3g})" if perm_min else "permutation p"
+    perm = next((d for d in c["delta"].values() if d.get("p_perm_min") is not None), None)
+    perm_head = "permutation p"
+    if perm:
+        how = "Monte Carlo; " if perm.get("p_perm_method") == "monte carlo" else ""
+        perm_head += f" ({how}smallest possible {perm['p_perm_min']:.3g})"
     out = [f"| metric | role | better | {a} (mean) | {b} (mean) | \u0394 | 95% CI | p | {perm_head} | verdict |",
            "|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for n in names:
@@ -128,9 +132,9 @@ def _comparison_table(result: dict, c: dict) -> list[str]:
         ver = d["verdict"] or ("control" if d["role"] == "control" else "no verdict")
         if n == "reward" and c["noninferiority"] and c["noninferiority"]["verdict"]:
             ver += f" \u00b7 {c['noninferiority']['verdict']} (margin {c['noninferiority']['margin']:.3f})"
-        perm = "" if d.get("p_perm") is None else f"{d['p_perm']:.3f}"
+        p_perm = "" if d.get("p_perm") is None else f"{d['p_perm']:{'.3g' if d['p_perm'] < 0.001 else '.3f'}}"
         out.append(f"| {m.label} | {d['role']} | {GOOD_TEXT[m.good]} | {_fmt(n, mean(c['runs_a']))} | "
-                   f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {perm} | {ver} |")
+                   f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {p_perm} | {ver} |")
     coupled = [n for n in result["primary"] if c["delta"][n].get("pair_r") is not None]
     if coupled:  # the arms share each training seed's streams: does that show in their runs?
         paired = [METRIC_BY_NAME[n].label for n in coupled if c["delta"][n]["paired"]]

@@ -21,9 +21,10 @@ A variant with a single run has no between-run variance to estimate: its compari
 over prompts only and no verdict. A fixed reference (the SFT model: one model, no training seed) adds no
 between-run term.
 
-Robustness: an exact permutation test on the runs' values (every relabelling of the a and b runs; no
-distribution assumed, prompts ignored). Its smallest attainable p is 2 / C(R_a + R_b, R_a): 0.1 at three runs
-per variant, so it can only confirm a call where there are six or more.
+Robustness: a permutation test on the runs' values (relabellings of the a and b runs; no distribution
+assumed, prompts ignored): exact, every relabelling, while they number at most 200,000 (up to 10 runs per
+variant), else Monte Carlo over 100,000 seeded relabellings. Its smallest attainable p is 2 / C(R_a + R_b, R_a):
+0.1 at three runs per variant, so it can only confirm a call where there are six or more.
 
 Multiplicity: the primary metrics (params `eval.primary`) are tested under Holm's step-down correction
 at level 0.05; every other metric is secondary, reported with its unadjusted interval and verdict, never
@@ -141,24 +142,37 @@ def pooled_delta(point_a: np.ndarray, point_b: np.ndarray, boot_a: np.ndarray, b
             "between_var": between_var, "prompt_var": prompt_var, "seed_variance": seed_variance}
 
 
-def permutation_p(point_a: np.ndarray, point_b: np.ndarray, max_splits: int = 200_000) -> dict:
-    """Exact two-sided permutation test of mean(a) - mean(b) over every split of the pooled runs into groups of
-    R_a and R_b: p = share of splits with |Δ| at least the observed one (ties count), and p_min, the smallest p the
-    design can give. None values where a side has one run or the splits exceed `max_splits`."""
+def permutation_p(point_a: np.ndarray, point_b: np.ndarray, max_splits: int = 200_000,
+                  draws: int = 100_000, seed: int = 0) -> dict:
+    """Two-sided permutation test of mean(a) - mean(b): p = share of splits of the pooled runs into groups of R_a
+    and R_b with |Δ| at least the observed one (ties count). Exact (every split) up to `max_splits` splits; beyond,
+    Monte Carlo over `draws` seeded random splits with the observed one counted, p = (1 + hits) / (1 + draws)
+    (never 0, valid at any number of draws). p_min is the smallest p the design can give; None values where a
+    side has one run."""
     a, b = np.asarray(point_a, float), np.asarray(point_b, float)
     n, na = a.size + b.size, a.size
     splits = math.comb(n, na)
-    if min(a.size, b.size) < 2 or splits > max_splits:
-        return {"p": None, "p_min": None, "splits": splits}
+    if min(a.size, b.size) < 2:
+        return {"p": None, "p_min": None, "splits": splits, "method": None}
     pooled = np.concatenate([a, b])
-    idx = np.asarray(list(combinations(range(n), na)))
-    in_a = np.zeros((len(idx), n), bool)
-    in_a[np.arange(len(idx))[:, None], idx] = True
-    deltas = (in_a @ pooled) / na - (~in_a @ pooled) / b.size
     observed = abs(a.mean() - b.mean())
     tol = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # float sums of the same runs in another order
-    p = float(np.mean(np.abs(deltas) >= observed - tol))
-    return {"p": p, "p_min": 2.0 / splits if na == b.size else 1.0 / splits, "splits": splits}
+    if splits <= max_splits:
+        idx = np.asarray(list(combinations(range(n), na)))
+        in_a = np.zeros((len(idx), n), bool)
+        in_a[np.arange(len(idx))[:, None], idx] = True
+        deltas = (in_a @ pooled) / na - (~in_a @ pooled) / b.size
+        p = float(np.mean(np.abs(deltas) >= observed - tol))
+        return {"p": p, "p_min": 2.0 / splits if na == b.size else 1.0 / splits, "splits": splits,
+                "method": "exact"}
+    rng, hits = np.random.default_rng(seed), 0
+    for start in range(0, draws, 10_000):  # chunks: a draws x n matrix of random keys would not fit at scale
+        rows = min(10_000, draws - start)
+        in_a = np.argsort(rng.random((rows, n)), axis=1) < na  # the first R_a of a random order go to a
+        deltas = (in_a @ pooled) / na - (~in_a @ pooled) / b.size
+        hits += int(np.sum(np.abs(deltas) >= observed - tol))
+    return {"p": (1 + hits) / (1 + draws), "p_min": 1.0 / (1 + draws), "splits": splits, "method": "monte carlo",
+            "draws": draws}
 
 
 def holm(pvalues: dict[str, float], alpha: float = ALPHA) -> dict[str, float]:
