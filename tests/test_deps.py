@@ -1,6 +1,8 @@
 """dvc.yaml lists, for every stage, the code it runs: its stage script and every module of `speedrun` that script
 imports, directly or through other modules. A missing one would let DVC call a stale artifact up to date."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -85,3 +87,14 @@ def test_the_committed_lock_names_only_stages_of_dvc_yaml(tmp_path):
     assert res.returncode == 0, res.stderr
     locked = set(yaml.safe_load((REPO / "dvc.lock").read_text())["stages"])
     assert locked <= set(res.stdout.split()), sorted(locked - set(res.stdout.split()))
+
+
+def test_a_stage_imports_the_library_of_its_own_copy_of_the_repo(tmp_path):
+    """A queued experiment's copy of the repo runs its own src/speedrun, not the one the editable install names."""
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "stages" / "__init__.py").write_text((REPO / "stages" / "__init__.py").read_text())
+    (tmp_path / "src" / "speedrun").mkdir(parents=True)
+    (tmp_path / "src" / "speedrun" / "__init__.py").write_text("")
+    code = "import stages, speedrun; print(speedrun.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert Path(out.stdout.strip()).resolve() == (tmp_path / "src" / "speedrun" / "__init__.py").resolve()
