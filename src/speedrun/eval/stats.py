@@ -157,20 +157,20 @@ def permutation_p(point_a: np.ndarray, point_b: np.ndarray, max_splits: int = 20
     pooled = np.concatenate([a, b])
     observed = abs(a.mean() - b.mean())
     tol = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # float sums of the same runs in another order
+
+    def extreme(in_a: np.ndarray) -> int:  # splits (rows of a boolean mask: True = in a) at least as extreme
+        return int(np.sum(np.abs((in_a @ pooled) / na - (~in_a @ pooled) / b.size) >= observed - tol))
+
     if splits <= max_splits:
         idx = np.asarray(list(combinations(range(n), na)))
         in_a = np.zeros((len(idx), n), bool)
         in_a[np.arange(len(idx))[:, None], idx] = True
-        deltas = (in_a @ pooled) / na - (~in_a @ pooled) / b.size
-        p = float(np.mean(np.abs(deltas) >= observed - tol))
-        return {"p": p, "p_min": 2.0 / splits if na == b.size else 1.0 / splits, "splits": splits,
-                "method": "exact"}
-    rng, hits = np.random.default_rng(seed), 0
-    for start in range(0, draws, 10_000):  # chunks: a draws x n matrix of random keys would not fit at scale
-        rows = min(10_000, draws - start)
-        in_a = np.argsort(rng.random((rows, n)), axis=1) < na  # the first R_a of a random order go to a
-        deltas = (in_a @ pooled) / na - (~in_a @ pooled) / b.size
-        hits += int(np.sum(np.abs(deltas) >= observed - tol))
+        return {"p": extreme(in_a) / splits, "p_min": 2.0 / splits if na == b.size else 1.0 / splits,
+                "splits": splits, "method": "exact"}
+    rng = np.random.default_rng(seed)
+    # chunks: a draws x n matrix of random keys would not fit at scale; the first R_a of a random order go to a
+    hits = sum(extreme(np.argsort(rng.random((min(10_000, draws - start), n)), axis=1) < na)
+               for start in range(0, draws, 10_000))
     return {"p": (1 + hits) / (1 + draws), "p_min": 1.0 / (1 + draws), "splits": splits, "method": "monte carlo",
             "draws": draws}
 
