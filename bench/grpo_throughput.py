@@ -42,9 +42,13 @@ def main(
     dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
     decode: str = typer.Option("dynamic", help="dynamic, static or compiled (params.yaml compute.decode)"),
     trained: bool = typer.Option(False, help="use outs/sft, outs/rm and data/prompts (run `dvc repro grpo` first)"),
+    cudnn_sdpa: bool = typer.Option(True, help="on CUDA, let scaled_dot_product_attention pick its cuDNN backend "
+                                    "(--no-cudnn-sdpa: flash / memory-efficient / math only)"),
 ) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
+    if device == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
     torch.manual_seed(0)
     stop_id, pad_id = None, 0
     if trained:
@@ -61,13 +65,14 @@ def main(
         rm = RewardModel.from_gpt(GPT(config).to(device)).eval()
         torch.nn.init.normal_(rm.head.weight, std=0.02)  # a non-constant reward, so advantages are not all zero
         prompts = [torch.randint(1, vocab, (prompt_len // 2 + i % (prompt_len // 2 + 1),),
-                                 generator=torch.Generator().manual_seed(i)).tolist() for i in range(64)]
+                                 generator=torch.Generator().manual_seed(i)).tolist() for i in range(max(64, prompts_per_step))]
     cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
                   group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
                   bf16=use_bf16(dtype, device), decode=decode)
     print(f"{'trained outs/sft + outs/rm, stop token' if trained else 'random init, no stop token'}: GPT depth "
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
-          f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s); "
+          f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s)"
+          f"{'' if device != 'cuda' else ', cuDNN attention ' + ('allowed' if cudnn_sdpa else 'off')}; "
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()

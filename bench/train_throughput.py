@@ -90,8 +90,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=params["tokenizer"]["vocab_size"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-eager", action="store_true", help="time the compiled step only")
     ap.add_argument("--published-tflops", type=float, default=0.0,
                     help="the device's published dense bf16 peak (default: the spec-sheet figure of a known GPU)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated step dtypes to time (bf16 is skipped "
+                    "where its matmul peak is below fp32's)")
     ap.add_argument("--optimizer", default=params["pretrain"]["optimizer"], help="adamw | muon (params.yaml)")
     args = ap.parse_args()
     cfg = GPTConfig(vocab_size=args.vocab, depth=args.depth, head_dim=params["model"]["head_dim"], seq_len=args.seq_len)
@@ -107,10 +110,11 @@ def main() -> None:
     print(f"published dense bf16 peak: {published / 1e12:,.0f} TFLOP/s" if published else
           "published dense bf16 peak: none known for this device (--published-tflops to give one)")
     # without bf16 units (no AVX512-BF16/AMX) bf16 matmuls are emulated and far slower than fp32: skip them
-    dtypes = ["fp32", "bf16"] if peaks["bf16"] > peaks["fp32"] else ["fp32"]
-    if dtypes == ["fp32"]:
+    dtypes = args.dtypes.split(",")
+    if "bf16" in dtypes and peaks["bf16"] <= peaks["fp32"]:
+        dtypes.remove("bf16")
         print("bf16 step skipped: the bf16 matmul peak is below fp32 here, so the pipeline trains in fp32")
-    for compile in ([False] if args.no_compile else [False, True]):
+    for compile in [c for c in (False, True) if not (c and args.no_compile or not c and args.no_eager)]:
         for dtype in dtypes:
             tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device, args.optimizer)
             flops = tps * flops_per_token

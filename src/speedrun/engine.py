@@ -169,6 +169,8 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
                 cache.keep_rows(keep)
                 rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
         if static:
+            if decode == "compiled" and device.type == "cuda":  # the last step's CUDA-graph outputs are consumed:
+                torch.compiler.cudagraph_mark_step_begin()     # let the replay reuse their memory
             last, new_k, new_v = step_fn(model, nxt, cache.k, cache.v, cache.valid, cache.lengths)
             cache.k[:, :, :, cache.pos] = new_k[:, :, :, 0]
             cache.v[:, :, :, cache.pos] = new_v[:, :, :, 0]

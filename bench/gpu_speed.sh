@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 27's GPU figures in one call on a GPU machine (repo root; no install: the library runs from src/):
+#   OUT=/tmp/gpu_speed bash bench/gpu_speed.sh                 # PARTS="grpo pretrain sampler"
+#   OUT=/tmp/gpu_speed PARTS=trained bash bench/gpu_speed.sh   # needs outs/sft, outs/rm, outs/tokenizer, data/prompts
+# grpo: GRPO step completion tokens/s at depth 8, random init, no stop token (8 x 8 x 48, the old reports/gpu
+#   figure, and 256 x 16 x 48, a batch that fills the device), eager ("dynamic") against the CUDA-graph decode
+#   ("compiled"). A step's first use of a shape pays one-off costs: the median is over --steps after one warm-up
+#   step, so read the per-step lines in the logs too.
+# trained: the same step on the default run's depth-4 SFT model, RM and prompts, stop token on (the work a GRPO
+#   stage does: rows end at different lengths, so shapes change every step), with PyTorch's cuDNN attention backend
+#   allowed and off.
+# pretrain: MFU at depth 16 (batch 32 x 1024, vocab 32768, bf16 compiled) against the published 989 TFLOP/s and
+#   a measured 8192^3 peak. sampler: engine.generate alone (8 x 8 and 256 x 16 rows x 64 tokens, three decodes).
+# Each bench runs under its own time limit, so one that fails or hangs leaves the others their figures; full logs
+# go to $OUT.
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_speed}
+PARTS=${PARTS:-grpo pretrain sampler}
+mkdir -p "$OUT"
+run() {  # name, seconds, command...: the bench's figures, its per-step tok/s, its exit status
+  local name=$1 secs=$2
+  shift 2
+  echo "== $name ($(date +%T)): $*"
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -v " step [0-9]*/" "$OUT/$name.log" | grep -v "^W[0-9]\|Warning\|warn(\|softmax\|^$" | tail -n 8
+  grep " step [0-9]*/" "$OUT/$name.log" | awk '{printf "%s ", $(NF-1)} END {print "(tok/s per step)"}'
+  echo "rc $rc"
+}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+G="python3 bench/grpo_throughput.py --device cuda --dtype bf16 --threads 8"
+if has grpo; then
+  run grpo_d8_8x8_dynamic 60 $G --depth 8 --steps 12 --decode dynamic
+  run grpo_d8_8x8_compiled 100 $G --depth 8 --steps 12 --decode compiled
+  run grpo_d8_256x16_dynamic 80 $G --depth 8 --steps 12 --prompts-per-step 256 --group-size 16 --decode dynamic
+  run grpo_d8_256x16_compiled 100 $G --depth 8 --steps 12 --prompts-per-step 256 --group-size 16 --decode compiled
+fi
+if has trained; then
+  for sdpa in cudnn-sdpa no-cudnn-sdpa; do
+    run trained_8x8_dynamic_$sdpa 80 $G --trained --steps 6 --decode dynamic --$sdpa
+    run trained_128x16_dynamic_$sdpa 80 $G --trained --steps 6 --prompts-per-step 128 --group-size 16 \
+      --decode dynamic --$sdpa
+  done
+fi
+if has pretrain; then
+  run pretrain_d16 140 python3 bench/train_throughput.py --device cuda --depth 16 --seq-len 1024 --batch 32 \
+    --vocab 32768 --dtypes bf16 --no-eager --steps 10
+fi
+if has sampler; then
+  run sampler_d8 80 python3 bench/engine_throughput.py --device cuda --depth 8 --threads 8 --shapes 8x8,256x16 \
+    --decodes dynamic,static,compiled --repeats 3
+fi
