@@ -65,7 +65,8 @@ def main(
         rm = RewardModel.from_gpt(GPT(config).to(device)).eval()
         torch.nn.init.normal_(rm.head.weight, std=0.02)  # a non-constant reward, so advantages are not all zero
         prompts = [torch.randint(1, vocab, (prompt_len // 2 + i % (prompt_len // 2 + 1),),
-                                 generator=torch.Generator().manual_seed(i)).tolist() for i in range(max(64, prompts_per_step))]
+                                 generator=torch.Generator().manual_seed(i)).tolist()
+                   for i in range(max(64, prompts_per_step))]
     cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
                   group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
                   bf16=use_bf16(dtype, device), decode=decode)

@@ -114,7 +114,7 @@ def main() -> None:
     if "bf16" in dtypes and peaks["bf16"] <= peaks["fp32"]:
         dtypes.remove("bf16")
         print("bf16 step skipped: the bf16 matmul peak is below fp32 here, so the pipeline trains in fp32")
-    for compile in [c for c in (False, True) if not (c and args.no_compile or not c and args.no_eager)]:
+    for compile in [c for c, off in ((False, args.no_eager), (True, args.no_compile)) if not off]:
         for dtype in dtypes:
             tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device, args.optimizer)
             flops = tps * flops_per_token
