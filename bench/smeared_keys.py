@@ -112,13 +112,16 @@ def main(smear: bool = typer.Option(True, help="smeared keys (else the library's
         g = torch.Generator().manual_seed(0)
         line = [f"step {step}: loss {loss:.3f}",
                 f"copy gain {copy_probe(model, *merged_tokens(tok), p.seed, 'cpu')['gain']:+.2f}"]
+        examples = []
         for name, questions in (("real", real), ("made-up", fresh)):
             for greedy in (False, True):
                 texts = [(ok, tok.decode(a)) for prompt, ok in questions
                          for a in answers(model, prompt, 1 if greedy else samples, greedy, tok.assistant_end_id, g)]
                 line.append(f"{name} pass@1 {'greedy' if greedy else 'T=1'} "
                             f"{sum(ok(t) for ok, t in texts) / len(texts):.3f}")
-        print(", ".join(line) + f"; e.g. {[t for _, t in texts[:3]]}", flush=True)
+                if greedy:
+                    examples.append(f"{name} greedy e.g. {[t for _, t in texts[:4]]}")
+        print(", ".join(line) + "\n  " + "\n  ".join(examples), flush=True)
 
 
 if __name__ == "__main__":
