@@ -93,8 +93,8 @@ def main(smear: bool = typer.Option(True, help="smeared keys (else the library's
     items = gold_items(load_objects(Path("data/corpus/objects.parquet")), p.corpus.val_frac, p.prompts.eval_frac)
     gold = [tok.render_conversation(c) for c in conversations(items, "train", p.sft.gold_per_item, p.seed)]
     synthetic = [tok.render_conversation(c) for c in made_up(20000, 1)]
-    held = [i for i in items if i.split == "eval"]
-    real = [(tok.render_prompt([{"role": "user", "content": i.prompt(distractor_pool(items))}]),
+    held, pool = [i for i in items if i.split == "eval"], distractor_pool(items)
+    real = [(tok.render_prompt([{"role": "user", "content": i.prompt(pool)}]),
              lambda t, i=i: check(i, t) is not None) for i in held]
     fresh = [(tok.render_prompt(c[:1]), lambda t, q=c[0]["content"]: made_up_right(q, t)) for c in made_up(30, 2)]
     model, _ = load_model(init, "cpu", tok.digest)
