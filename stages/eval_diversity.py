@@ -17,7 +17,7 @@ from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
 from speedrun.eval.report import write_report
-from speedrun.eval.sampling import embed_texts, run_name, sample_models
+from speedrun.eval.sampling import embed_texts, prompt_gain_summary, run_name, sample_models
 from speedrun.eval.task import compare_task, sample_task, task_section
 from speedrun.probe import copy_probe, merged_tokens
 from speedrun.reward.onpolicy import reference_answers
@@ -114,6 +114,8 @@ def main(p, io) -> None:
                           c.temperature, c.top_p, p.seed, dev)
     task = compare_task(answers, variants, pairs_list, "sft", c.task_margin, c.n_boot, p.seed)
     task["copy_probe"] = copy_probe(embedder, *merged_tokens(tok), p.seed, dev)  # embedder: the SFT model
+    sft_rows = samples[samples["model"] == "sft"].drop_duplicates("prompt_id")
+    task["prompt_gain"] = prompt_gain_summary(sft_rows["prompt_gain"].tolist())
     first = result["comparisons"][0]
     power = power_table(result, first, first["b"]) if first["seed_variance"] else {}
     frames = {v: {s: pd.read_parquet(io.runs_dir / f"{v}_s{s}" / "weights.parquet") for s in seeds_trained}
@@ -140,7 +142,7 @@ def main(p, io) -> None:
                                 "trained prompt's answer")}
     lead = [manipulation_section(manipulation, first["a"], first["b"]), ordering_section(control, configured, primary),
             power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE."]
-    extra = [task_section(task, "sft", task["copy_probe"]), "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
+    extra = [task_section(task, "sft", task["copy_probe"], task["prompt_gain"]), "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
     md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra,
                       lead_sections=lead)
     print("eval: " + "\n".join(line for line in md.splitlines() if line.startswith("**") and " vs " in line))

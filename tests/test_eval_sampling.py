@@ -45,5 +45,5 @@ def test_a_model_sampled_with_the_same_sampler_is_reused_exactly(setup):
     control = sample_models({"sft@T1": ckpt}, tok, rm, prompts, ids, None, **kw)
     fresh = sample_models({"sft": ckpt}, tok, rm, prompts, ids, pairs, **kw)
     reused = sample_models({"sft": ckpt}, tok, rm, prompts, ids, pairs, **kw, drawn={"sft": control})
-    assert len(fresh) == 2 * 3 * 3 and fresh["ref_logprob"].notna().all()
+    assert len(fresh) == 2 * 3 * 3 and fresh["ref_logprob"].notna().all() and fresh["prompt_gain"].notna().all()
     pd.testing.assert_frame_equal(reused, fresh)  # text, reward, order and the reference log-likelihood

@@ -11,6 +11,7 @@ from speedrun.eval import diversity as dv
 from speedrun.eval.compare import evaluate
 from speedrun.eval.controls import spearman, temperature_ordering
 from speedrun.eval.task import compare_task, per_item, task_section
+from speedrun.eval.sampling import PROMPT_GAIN, prompt_gain, prompt_gain_summary, swapped_prompt_rows
 from speedrun.probe import copy_probe
 from test_report import RUNS, make_samples
 
@@ -120,6 +121,42 @@ def test_the_copy_probe_sees_a_copier_and_a_model_that_cannot():
     md = task_section({"metrics": ["pass@1"], "items": 3, "samples_per_item": 2, "at_floor": True, "margin": 0.05,
                        "values": {"sft": {"pass@1": 0.0}}, "comparisons": [], "vs_reference": {}}, "sft", blind)
     assert "it does not copy" in md and "It cannot copy from its context" in md
+
+
+def test_the_prompt_swap_keeps_each_answer_and_never_its_own_prompt():
+    rows = [[1, 5, 2, 7, 8, 9, 3], [1, 6, 6, 6, 2, 7, 3], [1, 4, 2, 9, 3]]
+    own, own_lens, other, other_lens = swapped_prompt_rows(rows, [3, 5, 3], max_len=8)
+    assert [r[:n] for r, n in zip(other, other_lens)] == [[1, 6, 6, 6, 2], [1, 4, 2], [1, 5, 2]]
+    for o, n, x, m in zip(own, own_lens, other, other_lens):  # the same answer tokens under both prompts
+        assert o[n:] == x[m:] and o[n:][-1] == 3 and len(o) <= 8 and len(x) <= 8
+    assert own[0][3:] == [7, 8, 3]  # cut to fit after the longer prompt (5 tokens), keeping its last token
+    with pytest.raises(ValueError, match="at least 2 prompts"):
+        swapped_prompt_rows(rows[:1], [3], 8)
+
+
+def test_the_prompt_gain_sees_a_model_that_reads_its_prompt_and_one_that_does_not():
+    from speedrun.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, depth=1, seq_len=16)
+    rows = [[1, a, 2, a, 3] for a in range(10, 42)]  # the answer repeats the prompt's token: only a reader knows it
+    swapped = swapped_prompt_rows(rows, [3] * len(rows), cfg.seq_len)
+    blind = prompt_gain_summary(prompt_gain(GPT(cfg), swapped, "cpu"))  # an untrained model: no use of the prompt
+    assert blind["ci_high"] < PROMPT_GAIN and abs(blind["gain"]) < 0.02
+    reader = GPT(cfg)
+    opt = torch.optim.AdamW(reader.parameters(), lr=1e-2)
+    x = torch.tensor(rows)
+    for _ in range(150):
+        loss = reader(x[:, :-1], x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    reads = prompt_gain_summary(prompt_gain(reader.eval(), swapped, "cpu"))
+    assert reads["ci_low"] > 1.0 > PROMPT_GAIN  # its answers are far likelier under their own prompt
+    task = {"metrics": ["pass@1"], "items": 3, "samples_per_item": 2, "at_floor": True, "margin": 0.05,
+            "values": {"sft": {"pass@1": 0.0}}, "comparisons": [], "vs_reference": {}}
+    assert "barely depend on the question" in task_section(task, "sft", None, blind)
+    assert "of a model that reads it." in task_section(task, "sft", None, reads)
+    assert "barely depend" not in task_section(task, "sft", None, reads)
 
 
 def test_ead_on_a_fixed_vocabulary_ignores_the_other_models():

@@ -1,7 +1,8 @@
 """Compare models' samples: per-model diversity metrics, paired bootstrap draws, variant comparisons.
 
 Input: one row per sampled response, columns model, prompt_id, seed, sample_idx, text, reward (and
-optionally ref_logprob: the prompt's reference answer's mean log-probability per token under the model).
+optionally ref_logprob: the prompt's reference answer's mean log-probability per token under the model, and
+prompt_gain: how much higher that is under its own prompt than under another's, probe.prompt_gain).
 A model is the SFT reference or one GRPO run; a variant is a list of runs (one per training seed), and
 variants are compared through stats.py, whose interval includes the training seed.
 Every model must have the same (prompt_id, seed, sample_idx) rows: the comparison is paired.
@@ -72,6 +73,8 @@ METRICS: list[Metric] = [
     Metric("stock_phrases", "responses holding a stock phrase of the reference (%)", "lower", "Style tells", "{:.2f}"),
     Metric("reward", "mean RM reward", "higher", "Reward", ratio=False),
     Metric("ref_loglik", "log-lik of reference answers (nats/token)", "higher", "Capability"),
+    Metric("prompt_gain", "prompt gain: reference answers' log-lik, own prompt − another's (nats/token)", "higher",
+           "Capability", ratio=False),
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
     Metric("len_chars", "characters per response", "neutral", "Length (control)", "{:.1f}"),
     Metric("len_sentences", "sentences per response", "neutral", "Length (control)", "{:.2f}"),
@@ -180,6 +183,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     stock = lambda i: (toks[i * n_rows:(i + 1) * n_rows], phrases, half == 1) if phrases else None  # noqa: E731
     pools = {m: Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i)) for i, m in enumerate(order)}
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
+             and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
              and (not m.name.endswith("_first") or match_words > 0) and (m.name != "stock_phrases" or phrases)]
     cells = pools[first].cells

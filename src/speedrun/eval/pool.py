@@ -41,6 +41,8 @@ class Pool:
         self.reward = per_cell(df["reward"].astype(float).to_numpy())
         if "ref_logprob" in df.columns:  # the prompt's reference answer under this model, on each of its rows
             self.ref_ll = per_cell(df["ref_logprob"].astype(float).to_numpy())
+        if "prompt_gain" in df.columns:  # that answer's log-likelihood under its own prompt over another's
+            self.prompt_gain = per_cell(df["prompt_gain"].astype(float).to_numpy())
         members = [np.flatnonzero(self.cell == j) for j in range(n_cells)]
         self.within = {f"within_distinct_{k}": np.asarray(
             [dv.distinct_n([texts[i] for i in rows], k) for rows in members]) for k in (1, 2, 3)}
@@ -58,6 +60,7 @@ class Pool:
             "ascii_dash_rate": 1000.0 * (w_cell @ self.ascii_dashes) / max(w_cell @ self.chars, 1.0),
             "reward": (w_cell @ self.reward) / n_resp,
             **({"ref_loglik": (w_cell @ self.ref_ll) / n_resp} if hasattr(self, "ref_ll") else {}),
+            **({"prompt_gain": (w_cell @ self.prompt_gain) / n_resp} if hasattr(self, "prompt_gain") else {}),
             **({"tic_share": 100.0 * (w_cell @ self.tic) / n_resp} if self.tic is not None else {}),
             **({"stock_phrases": 100.0 * (w_cell @ self.stock) / max(w_cell @ self.n_counted, 1.0)}
                if self.stock is not None else {}),

@@ -1,9 +1,11 @@
 """What the evaluation measures on each model: sampled responses with their RM reward (same prompts, same
-sampling seeds, same draws for every model), and the log-likelihood of the held-out reference answers."""
+sampling seeds, same draws for every model), the log-likelihood of the held-out reference answers, and how much of
+it the model owes to the answer's own prompt (does it read its prompt?)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -42,10 +44,47 @@ def reference_logprob(model: GPT, rows: list[list[int]], prompt_lens: list[int],
     return [float(t) / max(1, len(r) - n) for t, r, n in zip(total.tolist(), rows, prompt_lens)]
 
 
+PROMPT_GAIN = 0.05  # nats/token of a model that reads its prompt: a 60-token answer 20x likelier under its own question
+
+
+def swapped_prompt_rows(rows: list[list[int]], prompt_lens: list[int], max_len: int) -> tuple:
+    """Each reference answer under its own prompt and under the next row's prompt (a cyclic shift, so never its own),
+    the answer cut to the same tokens in both: (own rows, own prompt lengths, other rows, other prompt lengths)."""
+    if len(rows) < 2:
+        raise ValueError(f"a prompt swap needs at least 2 prompts, got {len(rows)}")
+    prompts = [r[:k] for r, k in zip(rows, prompt_lens)]
+    others = prompts[1:] + prompts[:1]
+    own, other = [], []
+    for p, q, r, k in zip(prompts, others, rows, prompt_lens):
+        longer = p if len(p) >= len(q) else q
+        answer = fit(longer, r[k:], max_len)[0][len(longer):]  # what fits after the longer of the two prompts
+        own.append(p + answer)
+        other.append(q + answer)
+    return own, [len(p) for p in prompts], other, [len(q) for q in others]
+
+
+def prompt_gain(model: GPT, swapped: tuple, device: str) -> list[float]:
+    """Does a model read its prompt? Per answer of swapped_prompt_rows: mean log-probability per token under its own
+    prompt minus under another prompt (nats/token). About 0 when the model's answers do not depend on the question."""
+    own_rows, own_lens, other_rows, other_lens = swapped
+    own = response_logprob(model, own_rows, own_lens, device=device)
+    other = response_logprob(model, other_rows, other_lens, device=device)
+    return [float(a - b) / max(1, len(r) - n) for a, b, r, n in zip(own.tolist(), other.tolist(), own_rows, own_lens)]
+
+
+def prompt_gain_summary(gains: list[float]) -> dict:
+    """Mean prompt gain over prompts with its 95% interval (normal, over prompts)."""
+    g = np.asarray(gains, dtype=np.float64)
+    half = 1.96 * float(g.std(ddof=1)) / len(g) ** 0.5 if len(g) > 1 else float("nan")
+    return {"gain": float(g.mean()), "ci_low": float(g.mean()) - half, "ci_high": float(g.mean()) + half,
+            "prompts": len(g)}
+
+
 def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
                  ids: list[list[int]], seeds: int, samples_per_prompt: int, max_new_tokens: int, temperature: float,
-                 top_p: float, seed: int, device: str, ref_logprob: list[float] | None = None) -> list[dict]:
-    """One row per response: model, prompt_id, seed, sample_idx, text, reward, prompt (and ref_logprob)."""
+                 top_p: float, seed: int, device: str, per_prompt: dict[str, list[float]] | None = None) -> list[dict]:
+    """One row per response: model, prompt_id, seed, sample_idx, text, reward, prompt, and per_prompt's values
+    ({column: one value per prompt}, e.g. ref_logprob)."""
     rows = []
     for s in range(seeds):
         # common random numbers: every model draws with the same generator state per seed
@@ -58,7 +97,7 @@ def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts
             rows.append({"model": name, "prompt_id": prompts["prompt_id"][p], "seed": s,
                          "sample_idx": n % samples_per_prompt, "text": text, "reward": float(rewards[n]),
                          "prompt": prompts["prompt"][p][-1]["content"],
-                         **({"ref_logprob": ref_logprob[p]} if ref_logprob is not None else {})})
+                         **{k: v[p] for k, v in (per_prompt or {}).items()}})
     return rows
 
 
@@ -85,24 +124,27 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
                   max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str,
                   drawn: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """sample_model for every checkpoint dir of `models` ({name: dir}); with pairs_path, each row also carries
-    the model's log-likelihood of its prompt's reference answer (capability kept?). drawn: {name: rows} a
-    model already drew with this very sampler (same generators, so sampling again gives the same rows): reused."""
-    rows, ref, drawn = [], None, drawn or {}
+    the model's log-likelihood of its prompt's reference answer (capability kept?) and its prompt gain on that answer
+    (does the model read its prompt? probe.prompt_gain). drawn: {name: rows} a model already drew with this very
+    sampler (same generators, so sampling again gives the same rows): reused."""
+    rows, ref, swapped, drawn = [], None, None, drawn or {}
     bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
         model, _ = load_model(Path(ckpt), device, tok.digest)
-        ll = None
+        per_prompt = {}
         if pairs_path is not None:
             if ref is None:
                 ref = reference_token_ids(pairs_path, tok, prompts["prompt_id"].tolist(), ids, model.config.seq_len)
-            ll = reference_logprob(model, *ref, device)
+                swapped = swapped_prompt_rows(*ref, model.config.seq_len)
+            per_prompt = {"ref_logprob": reference_logprob(model, *ref, device),
+                          "prompt_gain": prompt_gain(model, swapped, device)}
         if name in drawn:
             at = {pid: i for i, pid in enumerate(prompts["prompt_id"])}
-            rows += [r | {"model": name} | ({"ref_logprob": ll[at[r["prompt_id"]]]} if ll is not None else {})
+            rows += [r | {"model": name} | {k: v[at[r["prompt_id"]]] for k, v in per_prompt.items()}
                      for r in drawn[name].to_dict("records")]
         else:
             rows += sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
-                                 temperature, top_p, seed, device, ll)
+                                 temperature, top_p, seed, device, per_prompt)
         bar.update(1)
         bar.log(f"eval: sampled {name} ({len(prompts)} prompts x {seeds} seeds x {samples_per_prompt})")
     bar.close()

@@ -18,6 +18,7 @@ from speedrun.common import stable_seed
 from speedrun.data.gold import GoldItem, check, pass_at_k
 from speedrun.engine import completion_texts, generate
 from speedrun.eval import stats
+from speedrun.eval.sampling import PROMPT_GAIN
 from speedrun.probe import COPY_GAIN
 from speedrun.progress import Progress
 from speedrun.tokenizer import Tokenizer
@@ -97,9 +98,9 @@ def compare_task(answers: pd.DataFrame, variants: dict[str, list[str]], comparis
             "vs_reference": {v: delta(runs, [reference], True) for v, runs in variants.items()}}
 
 
-def task_section(task: dict, reference: str, probe: dict | None = None) -> str:
-    """The report's gold-task section: values per model, the reference's copy probe, then the comparisons with
-    their intervals."""
+def task_section(task: dict, reference: str, probe: dict | None = None, reads: dict | None = None) -> str:
+    """The report's gold-task section: values per model, the reference's copy probe and prompt gain
+    (probe.prompt_gain_summary), then the comparisons with their intervals."""
     names = task["metrics"]
     lines = ["## Task performance (gold-checked)", "",
              f"\"Which of these is a function (class) defined in the `M` module: <4 of its members and 2 of other "
@@ -116,9 +117,19 @@ def task_section(task: dict, reference: str, probe: dict | None = None) -> str:
                   f"{probe['first_copy']:.2f} nats/token on the first copy, {probe['second_copy']:.2f} on the second "
                   f"(gain {probe['gain']:+.2f}; a model that copies gains ≥ {COPY_GAIN:g}): "
                   + ("it copies." if probe["copies"] else "it does not copy.")]
+    blind = reads is not None and reads["ci_high"] < PROMPT_GAIN
+    if reads:
+        verdict = (f"below the {PROMPT_GAIN:g} of a model that reads it: its answers barely depend on the question."
+                   if blind else f"at least the {PROMPT_GAIN:g} of a model that reads it."
+                   if reads["ci_low"] >= PROMPT_GAIN else f"the interval straddles the {PROMPT_GAIN:g} bar: no call.")
+        lines += ["", f"**Does {reference} read its prompt?** Its held-out reference answers are "
+                  f"{reads['gain']:+.3f} [{reads['ci_low']:+.3f}, {reads['ci_high']:+.3f}] nats/token more likely under "
+                  f"their own question than under another prompt's ({reads['prompts']} prompts; 95% interval), "
+                  + verdict]
     if task["at_floor"]:
         why = (" It cannot copy from its context (the probe above), and the task needs that."
                if probe and not probe["copies"] else "")
+        why += " Its answers barely depend on the question at all (the prompt gain above)." if blind else ""
         lines += ["", f"**At floor:** {reference} answers right in under {FLOOR:.0%} of tries, so no comparison below "
                   f"can show a loss of this ability: at this scale the model has not learned the task.{why} It needs "
                   "a model that does (more pretraining, a larger model). The intervals below are reported, not read."]
