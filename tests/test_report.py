@@ -47,7 +47,8 @@ def samples() -> pd.DataFrame:
     kinds |= {r: ("diverse", 0.5 + 0.02 * i) for i, r in enumerate(RUNS["density"])}
     kinds |= {r: ("collapsed", 1.0 + 0.02 * i) for i, r in enumerate(RUNS["baseline"])}
     df = make_samples(kinds, n_prompts=8)
-    return df.assign(ref_logprob=-2.0 - 0.1 * df["model"].str.contains("baseline"))
+    return df.assign(ref_logprob=-2.0 - 0.1 * df["model"].str.contains("baseline"),
+                     prompt_gain=0.02 + 0.01 * df["model"].str.contains("density"))
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,7 @@ def test_values_are_the_metrics_of_the_whole_pool(samples, result):
         assert got["not_just_but"] == pytest.approx(100 * dv.not_just_but_count(texts) / len(texts))
         assert got["reward"] == pytest.approx(df["reward"].mean())
         assert got["ref_loglik"] == pytest.approx(df["ref_logprob"].mean())
+        assert got["prompt_gain"] == pytest.approx(df["prompt_gain"].mean())
         assert got["len_words"] == pytest.approx(np.mean([len(dv.words(t)) for t in texts]))
         cells = [g["text"].tolist() for _, g in df.groupby(["prompt_id", "seed"])]
         assert got["within_self_bleu"] == pytest.approx(np.mean([dv.self_bleu(c) for c in cells]))
@@ -280,6 +282,7 @@ def test_report_and_figures_byte_identical(samples, result, tmp_path):
     assert md.startswith("# Diversity evaluation") and "**density vs baseline** (3 vs 3 GRPO training seeds): more " \
         "diverse on EAD-1, distinct-2, self-BLEU-4" in md
     assert "| grpo_baseline_s2 | baseline |" in md and "Holm" in md
+    assert "Δ prompt gain on reference answers (nats/token) − sft" in md  # did GRPO change how much it reads?
     assert md.rstrip().endswith("appended later")
     assert "What does `f" in md  # sample responses side by side, with the prompt text
 

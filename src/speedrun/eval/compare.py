@@ -306,7 +306,7 @@ def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
             "verdict": {n: code[x["verdict"]] for n, x in d.items() if x["verdict"] is not None},
             "reward_noninferior": int((c["noninferiority"] or {}).get("verdict") == "non-inferior")}
     # the frontier's axes and capability kept: every configured primary, also one the temperature control dropped
-    shown = ["reward", "ref_loglik"] + list(result.get("configured_primary", result.get("primary", [])))
+    shown = ["reward", "ref_loglik", "prompt_gain"] + list(result.get("configured_primary", result.get("primary", [])))
     bounds = (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))
     for v, by_metric in result.get("vs_reference", {}).items():
         out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key] for n in shown if n in by_metric

@@ -148,7 +148,7 @@ def _comparison_table(result: dict, c: dict) -> list[str]:
 
 def _reference_table(result: dict) -> list[str]:
     ref = result["reference"]
-    cols = [n for n in ("reward", "ref_loglik") if n in result["metrics"]]
+    cols = [n for n in ("reward", "ref_loglik", "prompt_gain") if n in result["metrics"]]
     out = ["| variant or run | " + " | ".join(f"\u0394 {METRIC_BY_NAME[n].label} \u2212 {ref} | 95% CI" for n in cols)
            + " |", "|---|" + "---:|---|" * len(cols)]
     rows = list(result["vs_reference"].items()) + list(result["runs_vs_reference"].items())
