@@ -2,9 +2,10 @@
 answer's mean log-probability per token under its own prompt minus under another's) of each checkpoint on the
 corpus's documents, a document's first paragraph (its header: `class pkgutil.ImpImporter`) as the prompt and the
 rest as the answer, for the pretrained modules (train) and the never-pretrained ones (val); then on the held-out
-chat prompts with their reference answers, as the evaluation measures it (here the first --docs of them in the evaluation's
-order, not only eval.max_prompts, and without leaving out the few whose reference answer is also a trained prompt's). It asks whether a prompt-blind SFT model inherits that from its base model or
-from the chat format, and whether another checkpoint (a longer pretraining) reads its prompt.
+chat prompts with their reference answers, as the evaluation measures it (here the first --docs of them in the
+evaluation's order, not only eval.max_prompts, and without leaving out the few whose reference answer is also a
+trained prompt's). It asks whether a prompt-blind SFT model inherits that from its base model or from the chat
+format, and whether another checkpoint (a longer pretraining) reads its prompt.
 
     python bench/prompt_gain.py outs/pretrain outs/sft
 Needs outs/tokenizer, data/corpus and data/prompts (`dvc repro dedup_prompts`). Nothing is written.

@@ -142,7 +142,8 @@ def main(p, io) -> None:
                                 "trained prompt's answer")}
     lead = [manipulation_section(manipulation, first["a"], first["b"]), ordering_section(control, configured, primary),
             power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE."]
-    extra = [task_section(task, "sft", task["copy_probe"], task["prompt_gain"]), "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
+    extra = [task_section(task, "sft", task["copy_probe"], task["prompt_gain"]),
+             "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
     md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra,
                       lead_sections=lead)
     print("eval: " + "\n".join(line for line in md.splitlines() if line.startswith("**") and " vs " in line))

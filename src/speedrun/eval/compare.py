@@ -2,7 +2,7 @@
 
 Input: one row per sampled response, columns model, prompt_id, seed, sample_idx, text, reward (and
 optionally ref_logprob: the prompt's reference answer's mean log-probability per token under the model, and
-prompt_gain: how much higher that is under its own prompt than under another's, probe.prompt_gain).
+prompt_gain: how much higher that is under its own prompt than under another's, sampling.prompt_gain).
 A model is the SFT reference or one GRPO run; a variant is a list of runs (one per training seed), and
 variants are compared through stats.py, whose interval includes the training seed.
 Every model must have the same (prompt_id, seed, sample_idx) rows: the comparison is paired.

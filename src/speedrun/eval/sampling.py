@@ -75,9 +75,9 @@ def prompt_gain(model: GPT, swapped: tuple, device: str) -> list[float]:
 def prompt_gain_summary(gains: list[float]) -> dict:
     """Mean prompt gain over prompts with its 95% interval (normal, over prompts)."""
     g = np.asarray(gains, dtype=np.float64)
+    mean = float(g.mean())
     half = 1.96 * float(g.std(ddof=1)) / len(g) ** 0.5 if len(g) > 1 else float("nan")
-    return {"gain": float(g.mean()), "ci_low": float(g.mean()) - half, "ci_high": float(g.mean()) + half,
-            "prompts": len(g)}
+    return {"gain": mean, "ci_low": mean - half, "ci_high": mean + half, "prompts": len(g)}
 
 
 def sample_model(name: str, model: GPT, tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
@@ -125,7 +125,7 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
                   drawn: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """sample_model for every checkpoint dir of `models` ({name: dir}); with pairs_path, each row also carries
     the model's log-likelihood of its prompt's reference answer (capability kept?) and its prompt gain on that answer
-    (does the model read its prompt? probe.prompt_gain). drawn: {name: rows} a model already drew with this very
+    (does the model read its prompt? prompt_gain). drawn: {name: rows} a model already drew with this very
     sampler (same generators, so sampling again gives the same rows): reused."""
     rows, ref, swapped, drawn = [], None, None, drawn or {}
     bar = Progress(len(models), "eval", unit="model")

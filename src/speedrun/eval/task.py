@@ -100,7 +100,7 @@ def compare_task(answers: pd.DataFrame, variants: dict[str, list[str]], comparis
 
 def task_section(task: dict, reference: str, probe: dict | None = None, reads: dict | None = None) -> str:
     """The report's gold-task section: values per model, the reference's copy probe and prompt gain
-    (probe.prompt_gain_summary), then the comparisons with their intervals."""
+    (sampling.prompt_gain_summary), then the comparisons with their intervals."""
     names = task["metrics"]
     lines = ["## Task performance (gold-checked)", "",
              f"\"Which of these is a function (class) defined in the `M` module: <4 of its members and 2 of other "
@@ -123,8 +123,8 @@ def task_section(task: dict, reference: str, probe: dict | None = None, reads: d
                    if blind else f"at least the {PROMPT_GAIN:g} of a model that reads it."
                    if reads["ci_low"] >= PROMPT_GAIN else f"the interval straddles the {PROMPT_GAIN:g} bar: no call.")
         lines += ["", f"**Does {reference} read its prompt?** Its held-out reference answers are "
-                  f"{reads['gain']:+.3f} [{reads['ci_low']:+.3f}, {reads['ci_high']:+.3f}] nats/token more likely under "
-                  f"their own question than under another prompt's ({reads['prompts']} prompts; 95% interval), "
+                  f"{reads['gain']:+.3f} [{reads['ci_low']:+.3f}, {reads['ci_high']:+.3f}] nats/token more likely "
+                  f"under their own question than under another prompt's ({reads['prompts']} prompts; 95% interval), "
                   + verdict]
     if task["at_floor"]:
         why = (" It cannot copy from its context (the probe above), and the task needs that."
