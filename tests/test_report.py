@@ -151,6 +151,7 @@ def test_length_matched_metrics_read_only_the_first_words(samples):
         got = res["values"][model]
         assert got["distinct_2_first"] == pytest.approx(dv.distinct_n(first, 2))
         assert got["ead_1_first"] == pytest.approx(dv.ead_n(first, 1, vocab[0]))
+        assert got["short_share"] == pytest.approx(100 * np.mean([len(dv.words(t)) < 5 for t in df["text"]]))
     # longer answers with the same opening: the full-length metrics move, the length-matched ones do not
     padded = samples.copy()
     longer = padded["model"] == "grpo_density_s1"
@@ -160,7 +161,14 @@ def test_length_matched_metrics_read_only_the_first_words(samples):
     for name in ("ead_1_first", "distinct_2_first", "self_bleu_first"):
         assert after[name] == pytest.approx(before[name]), name
     assert after["ead_1"] != pytest.approx(before["ead_1"]) and after["len_words"] > before["len_words"]
-    assert "ead_1_first" not in evaluate(samples, RUNS, primary=PRIMARY, n_boot=5)["metrics"]  # 0 = off
+    # half of one run's answers cut to three words: a share of its responses fall short of the window
+    short = samples.copy()
+    cut = (short["model"] == "grpo_density_s1") & (short["sample_idx"] % 2 == 0)
+    short.loc[cut, "text"] = short.loc[cut, "text"].map(lambda t: " ".join(t.split()[:3]))
+    got = evaluate(short, RUNS, primary=PRIMARY, n_boot=5, ead_vocab_size=vocab, match_words=5)["values"]
+    assert before["short_share"] == 0 and got["grpo_density_s1"]["short_share"] == pytest.approx(50.0)
+    off = evaluate(samples, RUNS, primary=PRIMARY, n_boot=5)["metrics"]  # 0 = off
+    assert "ead_1_first" not in off and "short_share" not in off
 
 
 def test_stock_phrases_are_found_on_one_half_of_the_reference_and_counted_on_the_other():

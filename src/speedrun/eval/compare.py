@@ -77,6 +77,8 @@ METRICS: list[Metric] = [
     Metric("len_words", "words per response", "neutral", "Length (control)", "{:.2f}"),
     Metric("len_chars", "characters per response", "neutral", "Length (control)", "{:.1f}"),
     Metric("len_sentences", "sentences per response", "neutral", "Length (control)", "{:.2f}"),
+    Metric("short_share", "responses shorter than the length-matched window (%)", "neutral", "Length (control)",
+           "{:.2f}"),
 ]
 METRIC_BY_NAME = {m.name: m for m in METRICS}
 COLUMNS = ("model", "prompt_id", "seed", "sample_idx", "text", "reward")
@@ -180,11 +182,13 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                if reference in models and (half == 1).any() else [])  # the reference is order[0]: rows 0..n_rows-1
     part = lambda e, i: dv.slice_encoded(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
     stock = lambda i: (toks[i * n_rows:(i + 1) * n_rows], phrases, half == 1) if phrases else None  # noqa: E731
-    pools = {m: Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i)) for i, m in enumerate(order)}
+    pools = {m: Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i), match_words)
+             for i, m in enumerate(order)}
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
              and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
-             and (not m.name.endswith("_first") or match_words > 0) and (m.name != "stock_phrases" or phrases)]
+             and (not m.name.endswith("_first") and m.name != "short_share" or match_words > 0)
+             and (m.name != "stock_phrases" or phrases)]
     cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
     prompt_index = {p: i for i, p in enumerate(prompts)}

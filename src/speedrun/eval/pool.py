@@ -12,7 +12,7 @@ class Pool:
     """One model's responses, sorted by (prompt_id, seed, sample_idx), with per-cell sums."""
 
     def __init__(self, df: pd.DataFrame, enc: dv.Encoded, tic: str, enc_first: dv.Encoded | None = None,
-                 stock: tuple[list[list[str]], list[tuple[str, ...]], np.ndarray] | None = None):
+                 stock: tuple[list[list[str]], list[tuple[str, ...]], np.ndarray] | None = None, match_words: int = 0):
         self.enc, self.enc_first = enc, enc_first  # enc_first: each response's first match_words words
         cell_keys = list(zip(df["prompt_id"], df["seed"]))
         self.cells = sorted(set(cell_keys))
@@ -29,6 +29,8 @@ class Pool:
         self.dashes = per_cell([sum(t.count(d) for d in dv.DASHES) for t in texts])
         self.ascii_dashes = per_cell([t.count(dv.ASCII_DASH) for t in texts])
         self.words = per_cell(enc.lengths)
+        # a response shorter than the length-matched window counts whole there, adding fewer n-grams to its pool
+        self.short = per_cell(np.asarray(enc.lengths) < match_words) if enc_first is not None else None
         self.sentences = per_cell([dv.sentence_count(t) for t in texts])
         self.njb = per_cell([dv.not_just_but_count([t]) for t in texts])
         self.tic = per_cell([tic in t for t in texts]) if tic else None
@@ -67,6 +69,7 @@ class Pool:
             "len_words": (w_cell @ self.words) / n_resp,
             "len_chars": (w_cell @ self.chars) / n_resp,
             "len_sentences": (w_cell @ self.sentences) / n_resp,
+            **({"short_share": 100.0 * (w_cell @ self.short) / n_resp} if self.short is not None else {}),
         }
         for name, per_cell in self.within.items():
             out[name] = (w_cell @ per_cell) / w_cell.sum()

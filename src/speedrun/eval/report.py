@@ -195,7 +195,7 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
               f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3; the eval stage passes the corpus's distinct n-grams, a scale "
               "no evaluated model moves); words = `\\b\\w+\\b` on lowercased text"
               + (f"; length-matched metrics: each response's first {s['match_words']} words (a shorter response "
-                 "whole), the same V" if s.get("match_words") else "")
+                 "whole: its share is a length control), the same V" if s.get("match_words") else "")
               + ("; stock phrases: the word 3-grams held by the most of the reference's responses to one half "
                  "of the prompts (recurring over ≥ 3 prompts), counted on every model's responses to the other half: "
                  + ", ".join(f"'{g}'" for g in s["stock_phrases"]) if s.get("stock_phrases") else "")]
