@@ -187,7 +187,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
              and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
-             and (not m.name.endswith("_first") and m.name != "short_share" or match_words > 0)
+             and (match_words > 0 or not (m.name.endswith("_first") or m.name == "short_share"))
              and (m.name != "stock_phrases" or phrases)]
     cells = pools[first].cells
     prompts = sorted({p for p, _ in cells})
