@@ -18,6 +18,7 @@ from speedrun.engine import generate, sequence_logprobs
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
+from speedrun.shapes import resolve_width_step, set_width_step
 from speedrun.train.checkpoint import load_model
 from speedrun.train.loop import autocast
 
@@ -27,9 +28,12 @@ PHASES = ("sampling", "RM scoring", "reference log-probs", "policy forward", "ba
 def main(steps: int = typer.Option(10, help="steps timed (after one warm-up)"),
          threads: int = typer.Option(2, help="torch CPU threads"),
          dtype: str = typer.Option("auto", help="fp32, bf16 or auto, as params.yaml compute.dtype"),
-         decode: str = typer.Option("dynamic", help="engine decode mode (params.yaml compute.decode)")) -> None:
+         decode: str = typer.Option("dynamic", help="engine decode mode (params.yaml compute.decode)"),
+         width_step: int = typer.Option(-1, help="params.yaml compute.width_step (0 = auto, 1 = exact shapes, -1 = "
+                                        "params.yaml's value)")) -> None:
     torch.set_num_threads(threads)
     cfg = params.load().grpo.train
+    set_width_step(resolve_width_step(params.load().compute.width_step if width_step < 0 else width_step, "cpu"))
     bf16 = use_bf16(dtype, "cpu")
     tok = tokenizer_lib.load(Path("outs/tokenizer"))
     policy, _ = load_model(Path("outs/sft"), "cpu", tok.digest)
@@ -66,7 +70,7 @@ def main(steps: int = typer.Option(10, help="steps timed (after one warm-up)"),
           f"{decode}, {threads} threads: {total / steps:.3f} s per step; completions {sum(lengths) / len(lengths):.1f} "
           "tokens on average")
     for name, sec in seconds.items():
-        print(f"  {name:<20} {sec / total:6.1%}")
+        print(f"  {name:<20} {sec / total:6.1%} {sec / steps:6.3f} s")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
+from speedrun.shapes import resolve_width_step, set_width_step, width_step as current_width_step
 from speedrun.train.checkpoint import load_model
 
 
@@ -42,11 +43,14 @@ def main(
     dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
     decode: str = typer.Option("dynamic", help="dynamic, static or compiled (params.yaml compute.decode)"),
     trained: bool = typer.Option(False, help="use outs/sft, outs/rm and data/prompts (run `dvc repro grpo` first)"),
+    width_step: int = typer.Option(-1, help="pad widths to multiples of this, rows to powers of two (params.yaml "
+                                   "compute.width_step; 0 = auto, 1 = exact shapes, -1 = params.yaml's value)"),
     cudnn_sdpa: bool = typer.Option(True, help="on CUDA, let scaled_dot_product_attention pick its cuDNN backend "
                                     "(--no-cudnn-sdpa: flash / memory-efficient / math only)"),
 ) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
+    set_width_step(resolve_width_step(params.load().compute.width_step if width_step < 0 else width_step, device))
     if device == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
     torch.manual_seed(0)
@@ -69,11 +73,12 @@ def main(
                    for i in range(max(64, prompts_per_step))]
     cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
                   group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
-                  bf16=use_bf16(dtype, device), decode=decode)
+                  bf16=use_bf16(dtype, device), decode=decode, warm_up=current_width_step() > 1 and device == "cuda")
     print(f"{'trained outs/sft + outs/rm, stop token' if trained else 'random init, no stop token'}: GPT depth "
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s)"
-          f"{'' if device != 'cuda' else ', cuDNN attention ' + ('allowed' if cudnn_sdpa else 'off')}; "
+          f"{'' if device != 'cuda' else ', cuDNN attention ' + ('allowed' if cudnn_sdpa else 'off')}, "
+          f"width step {current_width_step()}, decode {decode}; "
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -14,10 +14,11 @@ from speedrun.reward.discriminator import load_discriminator
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import grpo_train
 from speedrun.stage import run_stage
+from speedrun.shapes import resolve_width_step, set_width_step
 from speedrun.train.checkpoint import load_model, save_model
 
-READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "adversarial.cycles.{cycle}",
-         "adversarial.seq_len", "adversarial.temperature", "adversarial.grpo")
+READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
+         "adversarial.cycles.{cycle}", "adversarial.seq_len", "adversarial.temperature", "adversarial.grpo")
 PATHS = {"init_dir": None, "disc_dir": "outs/adv/cycle_{cycle}/disc", "corpus_dir": "data/corpus",
          "tokenizer_dir": "outs/tokenizer", "out_dir": "outs/adv/cycle_{cycle}/policy"}
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes
@@ -27,6 +28,7 @@ def main(p, io, cycle: str) -> None:
     a, c = p.adversarial, p.adversarial.grpo
     init_dir = io.init_dir or a.cycles[cycle].init
     device = pick_device(p.compute.device)
+    set_width_step(resolve_width_step(p.compute.width_step, device))
     tok = tokenizer_lib.load(io.tokenizer_dir)
     win = adv.corpus_windows(pd.read_parquet(io.corpus_dir / "train.parquet")["text"].tolist(), tok, a.seq_len)
     pool, _ = adv.prompt_pool(win, c.prompts, p.seed, "adv_grpo", cycle)
@@ -42,7 +44,7 @@ def main(p, io, cycle: str) -> None:
     threshold = c.reward_threshold if c.reward == "prob" else math.log(c.reward_threshold / (1 - c.reward_threshold))
     cfg = dataclasses.replace(c, temperature=a.temperature, max_new_tokens=a.seq_len - 1, beta=p.beta, seed=p.seed,
                               bf16=use_bf16(p.compute.dtype, device), reward_threshold=threshold,
-                              decode=p.compute.decode)
+                              decode=p.compute.decode, warm_up=device.startswith("cuda"))
     draw = lambda step, g: torch.randperm(len(pool), generator=g)[:c.prompts_per_step]  # noqa: E731
     print(f"adv_grpo@{cycle}: policy {init_dir} vs discriminator {io.disc_dir} ({disc_meta['head']} head), "
           f"{len(pool)} prompts, reward {c.reward}, beta {p.beta}")

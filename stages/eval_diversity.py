@@ -24,11 +24,12 @@ from speedrun.reward.onpolicy import reference_answers
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
+from speedrun.shapes import resolve_width_step, set_width_step
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model
 
-READS = ("seed", "compute.device", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.run", "grpo.variants",
-         "grpo.controls.tic", "grpo.seeds")
+READS = ("seed", "compute.device", "compute.width_step", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.run",
+         "grpo.variants", "grpo.controls.tic", "grpo.seeds")
 PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
          "corpus_train": "data/corpus/train.parquet", "objects": "data/corpus/objects.parquet",
          "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
@@ -64,6 +65,7 @@ def main(p, io) -> None:
             raise SystemExit(f"error: params.yaml: eval.comparisons: {':'.join(x)!r} is not a:b of the variants "
                              f"grpo.run trains {sorted(sampling)}")
     dev = pick_device(p.compute.device)
+    set_width_step(resolve_width_step(p.compute.width_step, dev))
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "eval", c.max_prompt_len)
     # a held-out prompt whose reference answer is also some trained prompt's answer (the stdlib ships copies of a

@@ -19,13 +19,14 @@ from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, sampling_weights
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
+from speedrun.shapes import resolve_width_step, set_width_step
 from speedrun.stage import run_stage
 from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model, save_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
-READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "grpo.train", "grpo.density",
-         "grpo.controls",
+READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
+         "grpo.train", "grpo.density", "grpo.controls",
          "grpo.variants.{variant}")
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
          "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",
@@ -38,8 +39,10 @@ def main(p, io, variant: str, seed: int) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.grpo")
     d = distributed.setup(pick_device(p.compute.device))
     dev = d.device
+    set_width_step(resolve_width_step(p.compute.width_step, dev))
     cfg = dataclasses.replace(p.grpo.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
-                              entropy_bonus=arm.entropy_bonus, decode=p.compute.decode)
+                              entropy_bonus=arm.entropy_bonus, decode=p.compute.decode,
+                              warm_up=dev.startswith("cuda"))
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)

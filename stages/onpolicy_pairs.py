@@ -7,10 +7,11 @@ import pyarrow.parquet as pq
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, write_json, write_table
 from speedrun.reward import onpolicy
+from speedrun.shapes import resolve_width_step, set_width_step
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model
 
-READS = ("seed", "compute.device", "onpolicy")
+READS = ("seed", "compute.device", "compute.width_step", "onpolicy")
 PATHS = {"pairs": "data/prompts/pairs.parquet", "sft_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer",
          "out_dir": "data/onpolicy"}
 
@@ -24,6 +25,7 @@ def main(p, io) -> None:
     rows, stats = [], {"prompts": len(refs), "samples_per_prompt": 0, "pairs": 0}
     if c.samples_per_prompt:
         dev = pick_device(p.compute.device)
+        set_width_step(resolve_width_step(p.compute.width_step, dev))
         tok = tokenizer_lib.load(io.tokenizer_dir)
         model, _ = load_model(io.sft_dir, dev, tok.digest)
         rows, stats = onpolicy.sample_rejected(model, tok, refs, c.samples_per_prompt, c.max_new_tokens,

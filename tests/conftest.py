@@ -72,6 +72,14 @@ def pytest_collection_modifyitems(items: list) -> None:
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
+@pytest.fixture(autouse=True)
+def exact_shapes():
+    """Every test starts with exact shapes (width step 1); a stage run in this process sets its own, reset here."""
+    from speedrun.shapes import using_width_step
+    with using_width_step(1):
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     """data/corpus + outs/tokenizer of a few hundred embedded docs, vocab 320: what training tests run on."""

@@ -32,6 +32,10 @@ class ComputeConfig:
     decode: Literal["dynamic", "static", "compiled"] = knob(
         "GRPO sampling: dynamic (the cache grows, finished rows are dropped) | static (fixed shapes, every row kept) "
         "| compiled (static under torch.compile; a CUDA graph on GPU)")
+    width_step: int = knob(
+        "GRPO, on-policy sampling and evaluation pad prompt, completion and key widths to multiples of this and row "
+        "counts to powers of two (masked), so a run meets a few dozen tensor shapes: a GPU builds an attention plan "
+        "or a CUDA graph per new shape. 0 = auto (64 on CUDA, 16 on CPU); 1 = exact shapes", ge=0)
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ class GRPOConfig:
     seed: int = derived(0)
     bf16: bool = derived(False)
     decode: str = derived("dynamic")  # compute.decode: how generate() decodes
+    warm_up: bool = derived(False)  # one dummy step per prompt width before step 0 (on CUDA: plans and graphs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model import GPT, KVCache
+from speedrun.shapes import ladder, ladder_sizes, record, round_up, width_step
 from speedrun.tokenizer import Tokenizer
 
 
@@ -67,13 +68,14 @@ def completion_texts(out: Samples, tok: Tokenizer) -> list[str]:
 
 
 def left_pad(prompts: list[list[int]] | Tensor, pad_id: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
-    """Right-align the prompts in a [B, P] batch: (ids, key_mask) with key_mask False on the padding."""
+    """Right-align the prompts in a [B, P] batch: (ids, key_mask) with key_mask False on the padding; P is the
+    longest prompt rounded up to the width step."""
     if isinstance(prompts, Tensor):
         prompts = prompts.tolist()
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. BOS)")
-    P = max(len(p) for p in prompts)
+    P = round_up(max(len(p) for p in prompts), width_step())
     ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
     key_mask = torch.zeros(len(prompts), P, dtype=torch.bool)
     for i, p in enumerate(prompts):
@@ -108,7 +110,8 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
     uniforms [N, max_new_tokens] in [0, 1): row n's t-th token takes uniforms[n, t], so that a row's draws
     do not depend on which other rows share its batch. on_token(rows, tokens) sees each step's new tokens as
     they are drawn (streaming): the output rows still alive and their tokens.
-    decode: "dynamic" grows the cache and drops finished rows (halving the batch when half have ended);
+    decode: "dynamic" grows the cache and drops finished rows (halving the batch when half have ended; with a width
+    step > 1, down the row ladder, and the cache read in windows of that step: shapes.py);
     "static" keeps every row and a fixed-width cache through model.decode_step; "compiled" is static under
     torch.compile (a CUDA graph on GPU). All three sample the same distribution; given the same uniforms they
     draw the same tokens (up to float rounding), while a generator's stream differs once rows are dropped."""
@@ -137,9 +140,9 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
     cache = KVCache(model.config, B, P, device)
     last = model.logits(model.hidden(ids, key_mask=key_mask, kv_cache=cache)[:, -1])  # left padding: -1 is real
     static = decode != "dynamic"
-    width = P + max_new_tokens
+    width = round_up(P + max_new_tokens, width_step())  # a growing cache's key windows all fit
     if static:  # few distinct widths, so a captured step is reused across batches of other prompt lengths
-        width = -(-width // STATIC_WIDTH) * STATIC_WIDTH
+        width = round_up(width, STATIC_WIDTH)
     cache = cache.expand(num_samples, width)
     last = last.repeat_interleave(num_samples, 0)  # replicated BEFORE the first draw: samples differ from token 1
     step_fn = compiled_decode_step(device) if decode == "compiled" else GPT.decode_step
@@ -163,14 +166,18 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
             n_alive = int(alive.sum())
             if n_alive == 0:
                 break
-            # compact when half the rows ended (at most log2(N) copies of the cache); static keeps every row
-            if decode != "static" and 2 * n_alive <= len(rows):
-                keep = alive.nonzero().squeeze(-1)
+            # compact when half the rows ended (at most log2(N) copies of the cache); with a width step, whenever
+            # the rows alive fit a smaller size of the row ladder (a few ended rows kept); static and compiled keep
+            # every row (one captured step per batch: on a GPU a decode step of 64 rows costs what one of 8 does)
+            n_keep = n_alive if width_step() == 1 else ladder(n_alive)
+            if not static and (2 * n_alive <= len(rows) if width_step() == 1 else n_keep < len(rows)):
+                keep = torch.sort(torch.argsort((~alive).to(torch.int8), stable=True)[:n_keep]).values
                 cache.keep_rows(keep)
                 rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
         if static:
             if decode == "compiled" and device.type == "cuda":  # the last step's CUDA-graph outputs are consumed:
                 torch.compiler.cudagraph_mark_step_begin()     # let the replay reuse their memory
+            record("decode_step", len(nxt), 1, cache.k.size(3), True)  # here: a compiled step must not trace it
             last, new_k, new_v = step_fn(model, nxt, cache.k, cache.v, cache.valid, cache.lengths)
             cache.k[:, :, :, cache.pos] = new_k[:, :, :, 0]
             cache.v[:, :, :, cache.pos] = new_v[:, :, :, 0]
@@ -213,6 +220,9 @@ class PrefixCache(KVCache):
         self.layer_kv[layer] = (k, v)
         return k, v
 
+    def key_width(self, T: int) -> int:
+        return self.pos + T  # concatenated, never padded
+
     def select(self, rows: Tensor) -> PrefixCache:
         """A cache whose row i is this cache's row rows[i] (differentiable: the copies share their gradient).
         index_select, not x[rows]: the backward of x[rows] with repeated rows adds with atomics on >1 CPU threads
@@ -234,10 +244,13 @@ def real_width(mask: Tensor) -> Tensor:
 def length_groups(lengths: list[int], group_cost: int = 32) -> list[list[int]]:
     """Row indices sorted by length and cut into contiguous groups that minimise the padded tokens of one forward
     per group (group size x its longest row) plus group_cost tokens per extra forward (its fixed overhead).
-    Rows of length 0 are left out. Exact (dynamic programming over the distinct lengths)."""
+    Rows of length 0 are left out. Exact (dynamic programming over the distinct lengths); with a width step > 1,
+    ladder_groups instead."""
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (lengths[i], i))
     if not order:
         return []
+    if width_step() > 1:
+        return ladder_groups(order, lengths, width_step(), group_cost)
     distinct = sorted({lengths[i] for i in order})
     upto = [sum(lengths[i] <= d for i in order) for d in distinct]  # rows with length <= each distinct length
     best = [0.0] + [float("inf")] * len(distinct)  # best[j]: cost of the rows of the first j distinct lengths
@@ -254,6 +267,28 @@ def length_groups(lengths: list[int], group_cost: int = 32) -> list[list[int]]:
     return [order[a:b] for a, b in reversed(bounds)]
 
 
+def ladder_groups(order: list[int], lengths: list[int], step: int, group_cost: int) -> list[list[int]]:
+    """length_groups on the shape ladder: rows `order` (sorted by length) cut into contiguous groups of a size on
+    the row ladder, each run at its longest row rounded up to `step`, with the least such padded tokens plus
+    group_cost per forward (dynamic programming over the cut points: O(rows x log rows))."""
+    sizes = ladder_sizes(len(order))
+    best = [0.0] + [float("inf")] * len(order)  # best[i]: cost of the first i rows
+    cut = [0] * (len(order) + 1)
+    for i in range(1, len(order) + 1):
+        width = round_up(lengths[order[i - 1]], step)
+        for size in sizes:
+            if size > i:
+                break
+            cost = best[i - size] + size * width + group_cost
+            if cost < best[i]:
+                best[i], cut[i] = cost, i - size
+    groups, i = [], len(order)
+    while i:
+        groups.append(order[cut[i]:i])
+        i = cut[i]
+    return groups[::-1]
+
+
 def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, prompt_index: Tensor,
                         pad_id: int = 0, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Hidden states of prompt + completion rows, each prompt computed once: (the prompt's last state [N, C],
@@ -263,19 +298,29 @@ def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: T
     (length_groups) and the states past a row's length are 0, so padding costs (almost) nothing."""
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, tokens.device)
     B, P = prompt_ids.shape
-    cache = PrefixCache(model.config, B, P + tokens.size(1), tokens.device)
+    cache = PrefixCache(model.config, B, P + round_up(tokens.size(1), width_step()), tokens.device)
     last = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache)[:, -1]  # left padding: -1 is real
     N, T = tokens.shape
     if T == 0:
         return last.index_select(0, prompt_index), last.new_zeros(N, 0, last.size(-1))
-    if lengths is None:
+    step = width_step()
+    if lengths is None and step == 1:
         return last.index_select(0, prompt_index), model.hidden(tokens, kv_cache=cache.select(prompt_index))
-    hidden = last.new_zeros(N, T, last.size(-1))
+    if lengths is None:
+        lengths = torch.full((N,), T, dtype=torch.long)
+    elif step > 1:  # ladder: every row is run (one column where no state is needed): row counts stay the batch's
+        lengths = lengths.clamp(min=1)
+    # with a width step, columns up to a multiple of it: groups run at rounded widths (the extra columns come
+    # after every real token, so causal attention keeps them out of the real states)
+    Tp = round_up(T, step)
+    if Tp > T:
+        tokens = torch.cat([tokens, tokens.new_full((N, Tp - T), pad_id)], 1)
+    hidden = last.new_zeros(N, Tp, last.size(-1))
     for rows in length_groups(lengths.clamp(max=T).tolist()):
-        w = min(T, int(lengths[rows[-1]]))
+        w = min(Tp, round_up(int(lengths[rows[-1]]), step))
         rows_t = torch.tensor(rows, device=tokens.device)
         hidden[rows_t, :w] = model.hidden(tokens[rows_t, :w], kv_cache=cache.select(prompt_index[rows_t]))
-    return last.index_select(0, prompt_index), hidden
+    return last.index_select(0, prompt_index), hidden[:, :T]
 
 
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,

@@ -17,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.shapes import record, round_up, width_step
+
 
 @dataclass
 class GPTConfig:
@@ -84,7 +86,13 @@ class KVCache:
             self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
         self.k[layer, :, :, self.pos:self.pos + T] = k
         self.v[layer, :, :, self.pos:self.pos + T] = v
-        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+        S = self.key_width(T)
+        return self.k[layer, :, :, :S], self.v[layer, :, :, :S]
+
+    def key_width(self, T: int) -> int:
+        """Keys an attention over the next T tokens reads: the filled ones, rounded up to the width step (the
+        columns past them are masked), so a growing cache presents a new key width every step-th token only."""
+        return min(self.max_len, round_up(self.pos + T, width_step()))
 
     def expand(self, n: int, max_len: int) -> KVCache:
         """A new cache with every row repeated n times (a row's copies adjacent) and room for max_len tokens."""
@@ -126,6 +134,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.project(x, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)
+        if self.layer == 0:
+            record("attention", B, T, k.size(2), mask is not None)
         if mask is None:  # no padding: plain causal (a 1-token query may see every cached key)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
         else:
@@ -201,10 +211,10 @@ class GPT(nn.Module):
                 positions = ((key_mask.long().cumsum(1) - 1).clamp(min=0) if padded
                              else torch.arange(T, device=idx.device)[None])
         mask = None
-        if padded or (kv_cache is not None and offset > 0 and T > 1):
-            S = offset + T
+        S = offset + T if kv_cache is None else kv_cache.key_width(T)
+        if padded or (kv_cache is not None and ((offset > 0 and T > 1) or S > offset + T)):
             valid = kv_cache.valid[:, :S] if kv_cache is not None else key_mask
-            q_pos = torch.arange(offset, S, device=idx.device)[:, None]
+            q_pos = torch.arange(offset, offset + T, device=idx.device)[:, None]
             k_pos = torch.arange(S, device=idx.device)[None]
             mask = (k_pos <= q_pos)[None] & valid[:, None, :]
             mask = (mask | (k_pos == q_pos)[None])[:, None]  # a pad query sees itself: no all-masked row, no NaN

@@ -15,14 +15,15 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     the completion's tokens). When every row fits the RM's context, each prompt is run once for its samples."""
     device = samples.tokens.device
     p_ids, p_mask = left_pad(prompts, pad_id, device)
-    width = p_ids.size(1) + samples.tokens.size(1)
+    width = max(len(p) for p in prompts) + samples.tokens.size(1)  # real tokens (left_pad may round up)
     if width <= rm.max_len:
         _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id,
                                    real_width(samples.mask))
         r = rm.pool_scores(h, samples.mask > 0, torch.zeros(len(h), dtype=torch.long, device=device)).float().cpu()
         return rm.standardise(r) if standardise else r
     out = []
-    start = torch.tensor(max(p_ids.size(1) - max(width - rm.max_len, 0), 0))  # the completion's first column
+    cut = max(p_ids.size(1) + samples.tokens.size(1) - rm.max_len, 0)  # leading columns that do not fit
+    start = torch.tensor(max(p_ids.size(1) - cut, 0))  # the completion's first column
     for i in range(0, len(samples.tokens), batch_size):
         rows = samples.prompt_index[i:i + batch_size]
         ids = torch.cat([p_ids[rows], samples.tokens[i:i + batch_size]], dim=1)

@@ -18,6 +18,7 @@ from speedrun.config import GRPOConfig
 from speedrun.engine import Samples, generate, sequence_logprobs
 from speedrun.progress import Progress
 from speedrun.rl.grpo import group_advantages, token_loss, zero_std_fraction
+from speedrun.shapes import count_shapes, round_up, width_step
 from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
 from speedrun.train.loop import autocast
 
@@ -57,90 +58,126 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
     log: list[dict] = []
     best_avg, bad_steps, stop_reason, tokens, t_start = -float("inf"), 0, "steps", 0, time.perf_counter()
     bar = Progress(cfg.steps, name, enabled=None if d.is_main else False)
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, stream, step))
-        idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, stream, "draw", step)))
-        share = rank_share(len(idx), d)
-        rows = slice(share.start * G, share.stop * G)  # this rank's completions
-        batch = [prompts[i] for i in idx[share].tolist()]
-        uniforms = torch.rand(len(idx) * G, cfg.max_new_tokens, generator=g, device=device)[rows]
-        policy.eval()
-        with torch.no_grad(), autocast(device, cfg.bf16):
-            s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
-                         decode=cfg.decode, **sample_kw)
-            local_rewards = reward_fn(batch, s).float().to(device)
-            ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
-        rewards = all_gather_cat(local_rewards, d).cpu()
-        check_finite(float(rewards.mean()), f"{name} reward", step)
-        t_sample = time.perf_counter() - t0
-        adv_all = group_advantages(rewards, G, scale=cfg.adv_scale)
-        adv = adv_all[rows].to(device)
-        # a truncated completion was scored mid-sentence; masking it (TRL's mask_truncated_completions) keeps it
-        # in its group's advantages but out of the gradient
-        truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
-            torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
-        loss_mask = s.mask * (~truncated)[:, None] if cfg.truncated == "mask" else s.mask
-        # per completion: tokens, summed sampling log-probs, truncated; over all ranks
-        per_row = all_gather_cat(torch.stack([s.mask.sum(1), (s.logprobs * s.mask).sum(1),
-                                              truncated.float()], 1), d).cpu()
-        n_loss = float(all_reduce_sum(loss_mask.sum().detach().clone(), d))
-        policy.train()
-        stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
-        for _ in range(cfg.inner_updates if n_loss > 0 else 0):  # every completion masked: no update
-            for grp in opt.param_groups:
-                grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
-            with autocast(device, cfg.bf16):
-                out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
-                                        entropy=cfg.entropy_bonus > 0, **sample_kw)
-            logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
-            loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
-                                     cfg.beta, normaliser=n_loss) if loss_mask.any() else \
-                ((logp * 0).sum(), dict.fromkeys(stats, 0.0))  # a rank with no token still joins the all-reduce
-            if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
-                loss = loss - cfg.entropy_bonus * (ent.float() * (loss_mask > 0)).sum() / n_loss
-            # each rank's stats are means over its tokens: weigh them by its token count
-            n_local = float(loss_mask.sum())
-            keys = ["pg_loss", "kl", "clip_frac", "ratio_mean"]
-            summed = all_reduce_sum(torch.tensor([float(loss.detach())] + [local[k] * n_local for k in keys],
-                                                 dtype=torch.float64), d)
-            stats = {"loss": float(summed[0]), **{k: float(v) / n_loss for k, v in zip(keys, summed[1:])}}
-            check_finite(stats["loss"], f"{name} loss", step)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            all_reduce_grads(params, d)
-            grad_norm = float(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-            opt.step()
-        n_tok = int(per_row[:, 0].sum())
-        tokens += n_tok
-        row = {"step": step + 1, "loss": stats["loss"], "pg_loss": stats["pg_loss"], "kl": stats["kl"],
-               "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-               "zero_std_frac": zero_std_fraction(rewards, G), "adv_mean": float(adv_all.mean()),
-               "logp_mean": float(per_row[:, 1].sum()) / max(n_tok, 1),
-               # the sampled tokens' mean surprisal: an unbiased estimate of the sampling entropy per token
-               "entropy": -float(per_row[:, 1].sum()) / max(n_tok, 1), "completion_len": float(per_row[:, 0].mean()),
-               "truncated_frac": float(per_row[:, 2].mean()),
-               "clip_frac": stats["clip_frac"], "ratio_mean": stats["ratio_mean"], "grad_norm": grad_norm,
-               "tokens_per_s": n_tok / (time.perf_counter() - t0),
-               "sample_frac_time": t_sample / (time.perf_counter() - t0)}
-        if extra_stats is not None:
-            row.update(extra_stats(idx))
-        log.append(row)
-        bar.update(1, reward=f"{row['reward_mean']:+.3f}", kl=f"{row['kl']:.4f}")
-        if d.is_main:
-            bar.log(f"{name} step {step + 1}/{cfg.steps}: reward {row['reward_mean']:+.3f} ± {row['reward_std']:.3f}, "
-                    f"kl {row['kl']:.4f}, len {row['completion_len']:.1f}, {row['tokens_per_s']:.0f} tok/s")
-        if row["reward_mean"] >= cfg.reward_threshold:
-            stop_reason = "reward_threshold"
-            break
-        if cfg.patience and len(log) >= cfg.patience:  # judge a full moving-average window only
-            avg = sum(r["reward_mean"] for r in log[-cfg.patience:]) / min(len(log), cfg.patience)
-            if avg > best_avg + cfg.min_delta:
-                best_avg, bad_steps = avg, 0
-            else:
-                bad_steps += 1
-                if bad_steps >= cfg.patience:
-                    stop_reason = "plateau"
-                    break
+    with count_shapes() as shapes:  # distinct attention shapes: on a GPU each new one costs a plan or a capture
+        shapes.mark(-1)
+        if cfg.warm_up:
+            warm_up(policy, ref, prompts, cfg, device, pad_id, d)
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            shapes.mark(step)
+            g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, stream, step))
+            idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, stream, "draw", step)))
+            share = rank_share(len(idx), d)
+            rows = slice(share.start * G, share.stop * G)  # this rank's completions
+            batch = [prompts[i] for i in idx[share].tolist()]
+            uniforms = torch.rand(len(idx) * G, cfg.max_new_tokens, generator=g, device=device)[rows]
+            policy.eval()
+            with torch.no_grad(), autocast(device, cfg.bf16):
+                s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
+                             decode=cfg.decode, **sample_kw)
+                local_rewards = reward_fn(batch, s).float().to(device)
+                ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
+            rewards = all_gather_cat(local_rewards, d).cpu()
+            check_finite(float(rewards.mean()), f"{name} reward", step)
+            t_sample = time.perf_counter() - t0
+            adv_all = group_advantages(rewards, G, scale=cfg.adv_scale)
+            adv = adv_all[rows].to(device)
+            # a truncated completion was scored mid-sentence; masking it (TRL's mask_truncated_completions) keeps it
+            # in its group's advantages but out of the gradient
+            truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
+                torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
+            loss_mask = s.mask * (~truncated)[:, None] if cfg.truncated == "mask" else s.mask
+            # per completion: tokens, summed sampling log-probs, truncated; over all ranks
+            per_row = all_gather_cat(torch.stack([s.mask.sum(1), (s.logprobs * s.mask).sum(1),
+                                                  truncated.float()], 1), d).cpu()
+            n_loss = float(all_reduce_sum(loss_mask.sum().detach().clone(), d))
+            policy.train()
+            stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
+            for _ in range(cfg.inner_updates if n_loss > 0 else 0):  # every completion masked: no update
+                for grp in opt.param_groups:
+                    grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+                with autocast(device, cfg.bf16):
+                    out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
+                                            entropy=cfg.entropy_bonus > 0, **sample_kw)
+                logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
+                loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
+                                         cfg.beta, normaliser=n_loss) if loss_mask.any() else \
+                    ((logp * 0).sum(), dict.fromkeys(stats, 0.0))  # a rank with no token still joins the all-reduce
+                if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
+                    loss = loss - cfg.entropy_bonus * (ent.float() * (loss_mask > 0)).sum() / n_loss
+                # each rank's stats are means over its tokens: weigh them by its token count
+                n_local = float(loss_mask.sum())
+                keys = ["pg_loss", "kl", "clip_frac", "ratio_mean"]
+                summed = all_reduce_sum(torch.tensor([float(loss.detach())] + [local[k] * n_local for k in keys],
+                                                     dtype=torch.float64), d)
+                stats = {"loss": float(summed[0]), **{k: float(v) / n_loss for k, v in zip(keys, summed[1:])}}
+                check_finite(stats["loss"], f"{name} loss", step)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                all_reduce_grads(params, d)
+                grad_norm = float(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+                opt.step()
+            n_tok = int(per_row[:, 0].sum())
+            tokens += n_tok
+            row = {"step": step + 1, "loss": stats["loss"], "pg_loss": stats["pg_loss"], "kl": stats["kl"],
+                   "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                   "zero_std_frac": zero_std_fraction(rewards, G), "adv_mean": float(adv_all.mean()),
+                   "logp_mean": float(per_row[:, 1].sum()) / max(n_tok, 1),
+                   # the sampled tokens' mean surprisal: an unbiased estimate of the sampling entropy per token
+                   "entropy": -float(per_row[:, 1].sum()) / max(n_tok, 1),
+                   "completion_len": float(per_row[:, 0].mean()), "truncated_frac": float(per_row[:, 2].mean()),
+                   "clip_frac": stats["clip_frac"], "ratio_mean": stats["ratio_mean"], "grad_norm": grad_norm,
+                   "tokens_per_s": n_tok / (time.perf_counter() - t0), "attn_shapes": shapes.distinct,
+                   "attn_shapes_new": shapes.new_since(step),
+                   "sample_frac_time": t_sample / (time.perf_counter() - t0)}
+            if extra_stats is not None:
+                row.update(extra_stats(idx))
+            log.append(row)
+            bar.update(1, reward=f"{row['reward_mean']:+.3f}", kl=f"{row['kl']:.4f}")
+            if d.is_main:
+                bar.log(f"{name} step {step + 1}/{cfg.steps}: reward {row['reward_mean']:+.3f} "
+                        f"± {row['reward_std']:.3f}, kl {row['kl']:.4f}, len {row['completion_len']:.1f}, "
+                        f"{row['tokens_per_s']:.0f} tok/s, {row['attn_shapes']} attention shapes")
+            if row["reward_mean"] >= cfg.reward_threshold:
+                stop_reason = "reward_threshold"
+                break
+            if cfg.patience and len(log) >= cfg.patience:  # judge a full moving-average window only
+                avg = sum(r["reward_mean"] for r in log[-cfg.patience:]) / min(len(log), cfg.patience)
+                if avg > best_avg + cfg.min_delta:
+                    best_avg, bad_steps = avg, 0
+                else:
+                    bad_steps += 1
+                    if bad_steps >= cfg.patience:
+                        stop_reason = "plateau"
+                        break
     bar.close()
+    if d.is_main:
+        print(f"{name}: {shapes.distinct} distinct attention shapes in {shapes.calls} calls, "
+              f"{shapes.new_since(0) if cfg.warm_up else shapes.new_since(1)} first met "
+              f"{'after the warm-up' if cfg.warm_up else 'after step 1'}", flush=True)
     return GRPOResult(log, stop_reason, time.perf_counter() - t_start, tokens)
+
+
+def warm_up(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], cfg: GRPOConfig, device: str, pad_id: int,
+            d: Dist) -> None:
+    """Before step 0, one dummy step per prompt width the run can meet (no update, no random number drawn): the
+    sampling, reference and policy forwards and the backward at every shape of the run, so that a GPU builds its
+    attention plans (and, decode "compiled", captures its graphs) here and not at some later step. Completions
+    run to max_new_tokens: the widest completion bucket, the one every step with a stop token reaches too."""
+    step = width_step()
+    if step == 1:
+        return  # exact shapes: nothing bounded to warm up
+    share = rank_share(cfg.prompts_per_step, d)
+    B, G, T = share.stop - share.start, cfg.group_size, cfg.max_new_tokens
+    sample_kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    for width in sorted({round_up(len(p), step) for p in prompts}):
+        batch = [[pad_id] * (width - 1)] * B  # one column of left padding: the masked path real batches take
+        with torch.no_grad(), autocast(device, cfg.bf16):
+            s = generate(policy, batch, G, T, pad_id=pad_id, uniforms=torch.zeros(B * G, T, device=device),
+                         decode=cfg.decode, **sample_kw)
+            sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
+        with autocast(device, cfg.bf16):
+            out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
+                                    entropy=cfg.entropy_bonus > 0, **sample_kw)
+        sum(o.float().sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
+        policy.zero_grad(set_to_none=True)

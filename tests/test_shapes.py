@@ -1,0 +1,101 @@
+"""Bounded shapes (compute.width_step): the ladder pads, masks and changes nothing but float rounding, and a GRPO run
+presents a few dozen attention shapes, all met at the start when it warms up."""
+import pytest
+import torch
+
+from conftest import committed
+from speedrun.engine import generate, length_groups, sequence_logprobs
+from speedrun.model import GPT, GPTConfig
+from speedrun.reward.preference import RewardModel
+from speedrun.rl.rewards import score_samples
+from speedrun.rl.trainer import grpo_train
+from speedrun.shapes import count_shapes, ladder, ladder_sizes, resolve_width_step, round_up, using_width_step
+
+torch.set_num_threads(1)
+
+
+def test_ladder_and_round_up():
+    assert [ladder(n) for n in (1, 2, 3, 5, 7, 9, 13, 17, 33, 64, 65)] == [1, 2, 3, 6, 8, 12, 16, 24, 48, 64, 96]
+    assert all(n <= ladder(n) < 1.5 * n + 1 for n in range(1, 5000))  # never more than a half larger
+    assert ladder_sizes(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64] and len(ladder_sizes(4096)) == 24
+    assert [round_up(n, 16) for n in (1, 16, 17)] == [16, 16, 32] and round_up(7, 1) == 7
+    assert resolve_width_step(0, "cuda") == 64 and resolve_width_step(0, "cpu") == 16 and resolve_width_step(8, "cuda") == 8
+
+
+def test_ladder_groups_cover_every_row_once_on_ladder_sizes():
+    lengths = [5, 0, 48, 7, 7, 13, 48, 6, 30, 12, 1, 17, 33]
+    with using_width_step(16):
+        groups = length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n]
+    assert all(len(g) in ladder_sizes(64) for g in groups)
+    assert all(lengths[a] <= lengths[b] for g in groups for a, b in zip(g, g[1:]))
+
+
+def tiny(seed: int = 0, vocab: int = 32) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=vocab, depth=2, n_embd=32, head_dim=16, seq_len=64))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [5, 17, 30, 2], list(range(3, 23))]
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_bounded_shapes_sample_score_and_train_the_same(decode):
+    """Same uniforms: the same tokens; log-probs, rewards and gradients equal up to float rounding."""
+    model, rm = tiny(0), RewardModel.from_gpt(tiny(1)).eval()
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    u = torch.rand(len(PROMPTS) * 6, 24, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for step in (1, 16, 64):
+        with using_width_step(step):
+            with torch.no_grad():
+                s = generate(model.eval(), PROMPTS, 6, 24, stop_id=4, pad_id=0, uniforms=u, decode=decode)
+                r = score_samples(rm, PROMPTS, s, 0, standardise=False)
+            model.zero_grad()
+            lp = sequence_logprobs(model, PROMPTS, s.tokens, mask=s.mask)
+            lp.sum().backward()
+            out[step] = s, r, lp.detach(), [p.grad.clone() for p in model.parameters()]
+    s1, r1, lp1, g1 = out[1]
+    assert 0 < int((s1.mask.sum(1) < 24).sum()) < len(s1.mask)  # some rows stopped early, some ran to the end
+    for step in (16, 64):
+        s, r, lp, g = out[step]
+        assert torch.equal(s.tokens, s1.tokens) and torch.equal(s.mask, s1.mask)
+        torch.testing.assert_close(s.logprobs, s1.logprobs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lp, lp1, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lp, s.logprobs, atol=1e-4, rtol=1e-4)  # the loss sees what sampled
+        torch.testing.assert_close(r, r1, atol=1e-5, rtol=1e-5)
+        for a, b in zip(g, g1):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def micro_grpo(decode: str, warm_up: bool, steps: int = 12):
+    """A default-recipe GRPO run (params.yaml grpo.train: 8 prompts x 8 samples, 48 new tokens, the stop token on)
+    at micro size; prompts of 11-32 tokens, the default run's range; a random RM."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=24, depth=1, head_dim=16, n_embd=32, seq_len=256)
+    policy, ref, trunk = GPT(config), GPT(config), GPT(config)
+    ref.load_state_dict(policy.state_dict())
+    rm = RewardModel.from_gpt(trunk).eval()
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 24, (int(torch.randint(11, 33, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(64)]
+    cfg = committed("grpo.train", steps=steps, decode=decode, seed=0, warm_up=warm_up)
+    return grpo_train(policy, ref, prompts, lambda step, gen: torch.randperm(64, generator=gen)[:cfg.prompts_per_step],
+                      lambda b, s: score_samples(rm, b, s, 0), cfg, "cpu", stop_id=2, pad_id=0).log
+
+
+def test_grpo_presents_a_bounded_set_of_shapes():
+    with using_width_step(64):  # a CUDA run's settings: width step 64, the captured (static) decode, warm-up
+        cuda = micro_grpo("static", warm_up=True)
+    assert cuda[-1]["attn_shapes"] <= 32 and all(r["attn_shapes_new"] == 0 for r in cuda)  # all met in the warm-up
+    with using_width_step(16):  # the CPU defaults: width step 16, the dynamic decode
+        cpu = micro_grpo("dynamic", warm_up=False)
+    assert cpu[-1]["attn_shapes"] <= 64
+    exact = micro_grpo("dynamic", warm_up=False)
+    assert exact[-1]["attn_shapes"] > 150  # the instrument sees today's unbounded shapes
+    assert [r["reward_mean"] for r in cpu] == [r["reward_mean"] for r in cuda] == [r["reward_mean"] for r in exact]
