@@ -2,6 +2,7 @@
 # Issue 27's GPU figures in one call on a GPU machine (repo root; no install: the library runs from src/):
 #   OUT=/tmp/gpu_speed bash bench/gpu_speed.sh                 # PARTS="grpo pretrain sampler"
 #   OUT=/tmp/gpu_speed PARTS=trained bash bench/gpu_speed.sh   # needs outs/sft, outs/rm, outs/tokenizer, data/prompts
+#   OUT=/tmp/gpu_speed PARTS=ladder bash bench/gpu_speed.sh    # the same, issue 44's figures (about 4 minutes)
 # grpo: GRPO step completion tokens/s at depth 8, random init, no stop token (8 x 8 x 48, the old reports/gpu
 #   figure, and 256 x 16 x 48, a batch that fills the device), eager ("dynamic") against the CUDA-graph decode
 #   ("compiled"). A step's first use of a shape pays one-off costs: the median is over --steps after one warm-up
@@ -9,6 +10,11 @@
 # trained: the same step on the default run's depth-4 SFT model, RM and prompts, stop token on (the work a GRPO
 #   stage does: rows end at different lengths, so shapes change every step), with PyTorch's cuDNN attention backend
 #   allowed and off.
+# ladder: the trained step with exact shapes (--width-step 1, the previous main) and with the shape ladder
+#   (--width-step 64, compute.width_step's CUDA value, every bucket warmed up before step 0), captured and eager
+#   decode, cuDNN attention off (the stages' setting) and allowed; the same step without the stop token (fixed
+#   shapes: the reference figure); 64 x 16; the onpolicy_pairs stage's sampling (bench/onpolicy_throughput.py,
+#   cuDNN attention off, as the stage runs), exact against the ladder.
 # pretrain: MFU at depth 16 (batch 32 x 1024, vocab 32768, bf16 compiled) against the published 989 TFLOP/s and
 #   a measured 8192^3 peak. sampler: engine.generate alone (8 x 8 and 256 x 16 rows x 64 tokens, three decodes).
 # Each bench runs under its own time limit, so one that fails or hangs leaves the others their figures; full logs
@@ -25,7 +31,8 @@ run() {  # name, seconds, command...: the bench's figures, its per-step tok/s, i
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   grep -v " step [0-9]*/" "$OUT/$name.log" | grep -v "^W[0-9]\|Warning\|warn(\|softmax\|^$" | tail -n 8
-  grep " step [0-9]*/" "$OUT/$name.log" | awk '{printf "%s ", $(NF-1)} END {print "(tok/s per step)"}'
+  grep " step [0-9]*/" "$OUT/$name.log" | awk '{for (i = 2; i <= NF; i++) if ($i == "tok/s,") printf "%s ", $(i-1)}
+    END {print "(tok/s per step)"}'
   echo "rc $rc"
 }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -44,6 +51,18 @@ if has trained; then
     run trained_128x16_dynamic_$sdpa 80 $G --trained --steps 6 --prompts-per-step 128 --group-size 16 \
       --decode dynamic --$sdpa
   done
+fi
+if has ladder; then
+  T="$G --trained --decode"
+  for sdpa in no-cudnn-sdpa cudnn-sdpa; do  # the stages run with cuDNN attention off (shapes.use_shapes)
+    run ladder_8x8_compiled_w64_$sdpa 45 $T compiled --width-step 64 --steps 8 --$sdpa
+    run ladder_8x8_dynamic_w64_$sdpa 40 $T dynamic --width-step 64 --steps 8 --$sdpa
+    run ladder_8x8_compiled_w1_$sdpa 45 $T compiled --width-step 1 --steps 4 --$sdpa
+  done
+  run ladder_8x8_compiled_w64_nostop 40 $T compiled --width-step 64 --steps 8 --no-stop --no-cudnn-sdpa
+  run ladder_64x16_compiled_w64 45 $T compiled --width-step 64 --steps 6 --prompts-per-step 64 --group-size 16 \
+    --no-cudnn-sdpa
+  run onpolicy 45 python3 bench/onpolicy_throughput.py --device cuda --threads 8 --prompts 1024 --steps 1,64
 fi
 if has pretrain; then
   run pretrain_d16 140 python3 bench/train_throughput.py --device cuda --depth 16 --seq-len 1024 --batch 32 \

@@ -43,10 +43,13 @@ def main(
     dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
     decode: str = typer.Option("dynamic", help="dynamic, static or compiled (params.yaml compute.decode)"),
     trained: bool = typer.Option(False, help="use outs/sft, outs/rm and data/prompts (run `dvc repro grpo` first)"),
+    stop: bool = typer.Option(True, help="--trained: end completions at the stop token (--no-stop: every completion "
+                              "runs to max_new_tokens, the same step with fixed shapes)"),
     width_step: int = typer.Option(-1, help="pad widths to multiples of this, rows to powers of two (params.yaml "
                                    "compute.width_step; 0 = auto, 1 = exact shapes, -1 = params.yaml's value)"),
-    cudnn_sdpa: bool = typer.Option(True, help="on CUDA, let scaled_dot_product_attention pick its cuDNN backend "
-                                    "(--no-cudnn-sdpa: flash / memory-efficient / math only)"),
+    cudnn_sdpa: bool = typer.Option(False, help="on CUDA, let scaled_dot_product_attention pick its cuDNN backend "
+                                    "(the stages turn it off: shapes.use_shapes; --no-cudnn-sdpa: flash / "
+                                    "memory-efficient / math only)"),
 ) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
@@ -61,7 +64,7 @@ def main(
         ref, _ = load_model(Path("outs/sft"), device, tok.digest)
         rm = RewardModel.load(Path("outs/rm"), device)
         prompts = load_prompts(Path("data/prompts/prompts.parquet"), tok, "train", 128)[1]
-        stop_id, pad_id = tok.assistant_end_id, tok.bos_id
+        stop_id, pad_id = (tok.assistant_end_id if stop else None), tok.bos_id
     else:
         config = GPTConfig(vocab_size=vocab, depth=depth)
         policy, ref = GPT(config).to(device), GPT(config).to(device)
@@ -74,7 +77,9 @@ def main(
     cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
                   group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
                   bf16=use_bf16(dtype, device), decode=decode, warm_up=current_width_step() > 1 and device == "cuda")
-    print(f"{'trained outs/sft + outs/rm, stop token' if trained else 'random init, no stop token'}: GPT depth "
+    what = f"trained outs/sft + outs/rm, {'stop token' if stop_id is not None else 'no stop token'}" if trained else \
+        "random init, no stop token"
+    print(f"{what}: GPT depth "
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s)"
           f"{'' if device != 'cuda' else ', cuDNN attention ' + ('allowed' if cudnn_sdpa else 'off')}, "

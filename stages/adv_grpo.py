@@ -14,7 +14,7 @@ from speedrun.reward.discriminator import load_discriminator
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.trainer import grpo_train
 from speedrun.stage import run_stage
-from speedrun.shapes import resolve_width_step, set_width_step
+from speedrun.shapes import use_shapes
 from speedrun.train.checkpoint import load_model, save_model
 
 READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
@@ -28,7 +28,7 @@ def main(p, io, cycle: str) -> None:
     a, c = p.adversarial, p.adversarial.grpo
     init_dir = io.init_dir or a.cycles[cycle].init
     device = pick_device(p.compute.device)
-    set_width_step(resolve_width_step(p.compute.width_step, device))
+    use_shapes(p.compute.width_step, device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     win = adv.corpus_windows(pd.read_parquet(io.corpus_dir / "train.parquet")["text"].tolist(), tok, a.seq_len)
     pool, _ = adv.prompt_pool(win, c.prompts, p.seed, "adv_grpo", cycle)

@@ -24,7 +24,7 @@ from speedrun.reward.onpolicy import reference_answers
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
-from speedrun.shapes import resolve_width_step, set_width_step
+from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model
 
@@ -65,7 +65,7 @@ def main(p, io) -> None:
             raise SystemExit(f"error: params.yaml: eval.comparisons: {':'.join(x)!r} is not a:b of the variants "
                              f"grpo.run trains {sorted(sampling)}")
     dev = pick_device(p.compute.device)
-    set_width_step(resolve_width_step(p.compute.width_step, dev))
+    use_shapes(p.compute.width_step, dev)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "eval", c.max_prompt_len)
     # a held-out prompt whose reference answer is also some trained prompt's answer (the stdlib ships copies of a

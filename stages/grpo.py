@@ -19,7 +19,7 @@ from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, sampling_weights
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
-from speedrun.shapes import resolve_width_step, set_width_step
+from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model, save_model
@@ -39,7 +39,7 @@ def main(p, io, variant: str, seed: int) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.grpo")
     d = distributed.setup(pick_device(p.compute.device))
     dev = d.device
-    set_width_step(resolve_width_step(p.compute.width_step, dev))
+    use_shapes(p.compute.width_step, dev)
     cfg = dataclasses.replace(p.grpo.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
                               entropy_bonus=arm.entropy_bonus, decode=p.compute.decode,
                               warm_up=dev.startswith("cuda"))

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, write_json, write_table
 from speedrun.reward import onpolicy
-from speedrun.shapes import resolve_width_step, set_width_step
+from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model
 
@@ -25,7 +25,7 @@ def main(p, io) -> None:
     rows, stats = [], {"prompts": len(refs), "samples_per_prompt": 0, "pairs": 0}
     if c.samples_per_prompt:
         dev = pick_device(p.compute.device)
-        set_width_step(resolve_width_step(p.compute.width_step, dev))
+        use_shapes(p.compute.width_step, dev)
         tok = tokenizer_lib.load(io.tokenizer_dir)
         model, _ = load_model(io.sft_dir, dev, tok.digest)
         rows, stats = onpolicy.sample_rejected(model, tok, refs, c.samples_per_prompt, c.max_new_tokens,

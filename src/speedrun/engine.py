@@ -153,27 +153,36 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
         lp = process_logits(last, temperature, top_k, top_p)
         u = None if uniforms is None else uniforms[rows.to(uniforms.device), t]
         nxt = _draw(lp, temperature, generator, u)
-        live_rows = rows[alive]
-        tokens[live_rows, t] = nxt[alive]
-        logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]
-        mask[live_rows, t] = 1.0
+        if static:  # rows never move: masked writes, no wait for the device per token (a GPU keeps its queue full)
+            tokens[:, t] = torch.where(alive, nxt, pad_id)
+            logprobs[:, t] = torch.where(alive, lp.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
+            mask[:, t] = alive.float()
+        else:
+            live_rows = rows[alive]
+            tokens[live_rows, t] = nxt[alive]
+            logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]
+            mask[live_rows, t] = 1.0
         if on_token is not None:
-            on_token(live_rows, nxt[alive])
+            on_token(rows[alive], nxt[alive])
         if t == max_new_tokens - 1:
             break
         if stop_id is not None:
             alive &= nxt != stop_id
-            n_alive = int(alive.sum())
-            if n_alive == 0:
-                break
-            # compact when half the rows ended (at most log2(N) copies of the cache); with a width step, whenever
-            # the rows alive fit a smaller size of the row ladder (a few ended rows kept); static and compiled keep
-            # every row (one captured step per batch: on a GPU a decode step of 64 rows costs what one of 8 does)
-            n_keep = n_alive if width_step() == 1 else ladder(n_alive)
-            if not static and (2 * n_alive <= len(rows) if width_step() == 1 else n_keep < len(rows)):
-                keep = torch.sort(torch.argsort((~alive).to(torch.int8), stable=True)[:n_keep]).values
-                cache.keep_rows(keep)
-                rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
+            if static:  # every STATIC_CHECK tokens (one wait for the device): have all rows ended?
+                if t % STATIC_CHECK == STATIC_CHECK - 1 and not bool(alive.any()):
+                    break
+            else:
+                n_alive = int(alive.sum())
+                if n_alive == 0:
+                    break
+                # compact when half the rows ended (at most log2(N) copies of the cache); with a width step,
+                # whenever the rows alive fit a smaller size of the row ladder (a few ended rows kept). Static and
+                # compiled keep every row (one captured step per batch: on a GPU 64 rows cost what 8 do)
+                n_keep = n_alive if width_step() == 1 else ladder(n_alive)
+                if (2 * n_alive <= len(rows)) if width_step() == 1 else (n_keep < len(rows)):
+                    keep = torch.sort(torch.argsort((~alive).to(torch.int8), stable=True)[:n_keep]).values
+                    cache.keep_rows(keep)
+                    rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
         if static:
             if decode == "compiled" and device.type == "cuda":  # the last step's CUDA-graph outputs are consumed:
                 torch.compiler.cudagraph_mark_step_begin()     # let the replay reuse their memory
@@ -186,12 +195,14 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
             cache.pos += 1
         else:
             last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
-    used = t + 1  # columns after the longest completion hold only padding: cut them (less work downstream)
+    # columns after the longest completion hold only padding: cut them (less work downstream)
+    used = int(real_width(mask[:, :t + 1]).max()) if static and stop_id is not None else t + 1
     return Samples(tokens[:, :used], mask[:, :used], logprobs[:, :used], prompt_index)
 
 
 DECODE_MODES = ("dynamic", "static", "compiled")
 STATIC_WIDTH = 64  # a static cache's width is rounded up to a multiple of this
+STATIC_CHECK = 16  # a static decode looks whether every row has ended once per this many tokens
 _COMPILED: dict[str, Callable] = {}
 
 

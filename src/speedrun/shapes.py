@@ -16,6 +16,8 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
+
 _ACTIVE: list[ShapeCounter] = []
 _STEP = [1]  # the process's width step (compute.width_step, set by the stage); 1 = exact shapes, no ladder
 
@@ -33,9 +35,20 @@ def set_width_step(step: int) -> None:
 
 
 def resolve_width_step(step: int, device: str) -> int:
-    """compute.width_step with 0 (auto) resolved: 64 on CUDA (shapes cost, padding is cheap), 16 on CPU (every
-    padded token costs; the ladder still bounds the shapes)."""
-    return step or (64 if str(device).startswith("cuda") else 16)
+    """compute.width_step with 0 (auto) resolved: 64 on CUDA, where a new shape costs a plan or a capture and
+    padding is nearly free; 1 (exact shapes) on CPU, where a shape costs nothing and every padded token does (the
+    GRPO step was 5-10% slower at step 16: docs/method.md#speed)."""
+    return step or (64 if str(device).startswith("cuda") else 1)
+
+
+def use_shapes(step: int, device: str) -> int:
+    """A stage's shape settings: compute.width_step resolved for this device, and on CUDA PyTorch's cuDNN attention
+    backend off: it builds an execution plan per new shape, and without it the GRPO step was 8-9x faster at exact
+    shapes and 1.4x with the ladder (reports/gpu/README.md); flash / memory-efficient attention take its place."""
+    set_width_step(resolve_width_step(step, device))
+    if str(device).startswith("cuda"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return width_step()
 
 
 @contextmanager
