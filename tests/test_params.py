@@ -60,10 +60,30 @@ def test_the_committed_params_load_and_every_knob_has_help():
     ("eval.reward_keep=1.5", "eval.reward_keep: must be <= 1"),
     ("grpo.seeds=[1, 1]", "grpo.seeds: expected a non-empty list of distinct values"),
     ("sft.hf_name=", "sft.hf_name: expected a string, got nothing"),
+    ("grpo.train.lr=.inf", "grpo.train.lr: must be a finite number, got inf"),  # infinity passed every range
+    ("grpo.variants={'tic_0.5': {sampling: uniform, reward: rm, tic_bonus: 0.5, tic_scope: all, entropy_bonus: 0.0}}",
+     "grpo.variants.tic_0.5: a name of letters, digits, '_' and '-' only"),
+    ("adversarial.cycles={'../x': {prev: 0, init: outs/pretrain}}", "adversarial.cycles.../x: a name of letters"),
 ])
 def test_a_bad_override_names_its_key(override, message):
     with pytest.raises(params.ParamsError, match=re.escape(message)):
         params.load(REPO / "params.yaml", [override])
+
+
+def test_params_read_as_dvc_reads_them(tmp_path):
+    """YAML 1.2, DVC's reading: `1e-3` is a number in the file and in -S (PyYAML's YAML 1.1 reads a string)."""
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text().replace("  lr: 0.0001\n", "  lr: 1e-4\n"))
+    assert params.load(tmp_path / "params.yaml").grpo.train.lr == 0.0001
+    assert params.load(REPO / "params.yaml", ["grpo.train.lr=1e-3"]).grpo.train.lr == 0.001
+
+
+@pytest.mark.parametrize("ids, message", [
+    (["--variant", "../../../evil", "--seed", "1"], "--variant '../../../evil': letters, digits, '_' and '-' only"),
+    (["--variant", "nope", "--seed", "1"], "--variant 'nope': not one of grpo.variants (density, baseline"),
+])
+def test_a_run_id_cannot_leave_the_workspace_or_name_nothing(ids, message):
+    res = subprocess.run([sys.executable, "-m", "stages.grpo", *ids], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode != 0 and message in res.stderr, res.stderr
 
 
 def test_a_typo_in_the_file_stops_a_stage_in_about_a_second(tmp_path):

@@ -7,15 +7,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
+from ruamel.yaml import YAML
 
 from speedrun.config import Params
 
 PARAMS = Path("params.yaml")
+_YAML = YAML(typ="safe")  # YAML 1.2, DVC's own reading: `1e-3` is a number to both (PyYAML's 1.1 reads a string)
+ID = re.compile(r"[A-Za-z0-9_-]+")  # a variant or cycle name: it becomes a stage name and a path
 
 
 class ParamsError(ValueError):
@@ -32,7 +35,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: params file not found (run from the repository root)")
     with open(path, encoding="utf-8") as f:
-        raw = yaml.safe_load(f) or {}
+        raw = _YAML.load(f) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     return raw
@@ -51,7 +54,7 @@ def set_key(raw: dict[str, Any], assignment: str, where: str) -> None:
         node = node[part]
     if last not in node:
         raise ParamsError(f"{where}: -S {key}: unknown key (known: {', '.join(map(str, node))})")
-    node[last] = yaml.safe_load(text)
+    node[last] = _YAML.load(text)
 
 
 def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
@@ -107,6 +110,10 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict) or not value:
             _fail(where, key, f"expected a non-empty mapping, got {value!r}")
+        for k in value:  # its names become stage ids (grpo@<name>-1) and output paths (outs/grpo/<name>_s1)
+            if not ID.fullmatch(str(k)):
+                _fail(where, f"{key}.{k}", "a name of letters, digits, '_' and '-' only (it becomes a stage id "
+                      "and an output path)")
         return {str(k): build(args[1], v, where, f"{key}.{k}") for k, v in value.items()}
     if cls is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -119,8 +126,13 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
     return value
 
 
+RANGES = ("ge", "gt", "le", "lt")
+
+
 def check_range(f: dataclasses.Field, value: Any, where: str, key: str) -> None:
     m = f.metadata
+    if isinstance(value, float) and not math.isfinite(value) and any(m.get(b) is not None for b in RANGES):
+        _fail(where, key, f"must be a finite number, got {value!r}")
     for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
                             ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
         if m.get(bound) is not None and not ok(value, m[bound]):

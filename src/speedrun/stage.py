@@ -16,6 +16,18 @@ from speedrun import params as params_lib
 from speedrun.config import Params
 
 
+ID_SECTIONS = {"variant": "grpo.variants", "cycle": "adversarial.cycles"}  # a run id names an entry of these
+
+
+def check_ids(run_ids: dict[str, Any], p: Params) -> None:
+    """A run id becomes part of output paths: letters, digits, '_' and '-' only, and an entry of its section."""
+    for name, value in run_ids.items():
+        if isinstance(value, str) and not params_lib.ID.fullmatch(value):
+            sys.exit(f"error: --{name} {value!r}: letters, digits, '_' and '-' only (it becomes an output path)")
+        if name in ID_SECTIONS and str(value) not in (known := params_lib.value_at(p, ID_SECTIONS[name])):
+            sys.exit(f"error: --{name} {value!r}: not one of {ID_SECTIONS[name]} ({', '.join(known)})")
+
+
 def reads_for(reads: tuple[str, ...], ids: dict[str, Any]) -> list[str]:
     return [r.format(**ids) for r in reads]
 
@@ -60,6 +72,7 @@ def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...]
     except params_lib.ParamsError as e:
         sys.exit(f"error: {e}")
     args.pop("help")
+    check_ids(run_ids, p)
     as_path = lambda v: Path(str(v).format(**run_ids)) if v is not None else None  # noqa: E731
     io = SimpleNamespace(**{k: [as_path(x) for x in v] if isinstance(v, list) else as_path(v) for k, v in args.items()})
     main(params_lib.StageView(p, reads_for(reads, run_ids)), io, **run_ids)
