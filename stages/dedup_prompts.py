@@ -17,7 +17,8 @@ def main(p, io) -> None:
     except Exception as e:
         raise RuntimeError(f"cannot read pairs file {io.pairs}: {e}") from e
     require_values(table, ("id", "src", "group", "prompt", "chosen", "rejected"), io.pairs)
-    uniq, pairs_out, id_map, stats = prompts.build(table, p.corpus.val_frac, c.eval_frac, c.near_dup_threshold, c.shingle_size)
+    uniq, pairs_out, id_map, stats = prompts.build(table, p.corpus.val_frac, c.eval_frac, c.near_dup_threshold,
+                                                   c.shingle_size, str(io.pairs))
     write_parquet(io.out_dir / "prompts.parquet", uniq)
     write_table(io.out_dir / "pairs.parquet", pairs_out)
     write_text(io.out_dir / "prompt_id_map.tsv", id_map.to_csv(sep="\t", index=False, lineterminator="\n"))

@@ -115,3 +115,27 @@ def test_hub_prompt_split_is_a_stable_fraction():
     assert 0.08 < splits.count("eval") / len(ids) < 0.12 and 0.07 < splits.count("val") / len(ids) < 0.11
     assert [prompts.hash_split(i, 0.1, 0.1) for i in ids[:50]] == splits[:50]
     assert all(prompts.hash_split(i, 0.0, 0.0) == "train" for i in ids)
+
+
+def test_bad_input_rows_are_refused_by_file_row_and_column(tmp_path):
+    """A repeated pair id, a prompt message with no text, and a prompts file whose prompt ids repeat (GRPO would
+    draw the repeat twice as often) stop the stage or the loader, naming the file and the row."""
+    import pytest
+    from speedrun import tokenizer
+    from speedrun.rl.prompts import load_prompts
+    rows = sample_pairs()
+    path = tmp_path / "pairs.parquet"
+    write_pairs(path, rows[:3] + [rows[0]])
+    with pytest.raises(ValueError, match=r"pairs.parquet: rows 0 and 3, column 'id': the same id"):
+        run(tmp_path, path)
+    bad = dict(rows[4], prompt=[{"role": "user", "content": None}])
+    write_pairs(path, rows[:2] + [bad])
+    with pytest.raises(ValueError, match=r"pairs.parquet: row 2, column 'prompt': message 0: expected a role and a "):
+        run(tmp_path, path)
+    write_pairs(path, rows)
+    uniq = run(tmp_path, path, "-S", "prompts.eval_frac=0.0")[0]
+    twice = pd.concat([uniq, uniq.iloc[:1]], ignore_index=True)
+    twice.to_parquet(tmp_path / "twice.parquet")
+    tok = tokenizer.train(iter(["some text to train a tiny tokenizer on"] * 20), 300)
+    with pytest.raises(ValueError, match=rf"twice.parquet: rows 0 and {len(uniq)}, column 'prompt_id'"):
+        load_prompts(tmp_path / "twice.parquet", tok, "train", 64)

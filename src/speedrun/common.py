@@ -125,6 +125,33 @@ def require_values(table: "pyarrow.Table", columns: tuple[str, ...], path: str |
                              "fix or drop that row upstream")
 
 
+def require_unique(values: list, column: str, path: str | Path) -> None:
+    """No value twice in an id column: a repeat names the file, the column and both rows (a repeated prompt id
+    would be drawn twice as often, silently)."""
+    seen: dict = {}
+    for i, v in enumerate(values):
+        if v in seen:
+            raise ValueError(f"{path}: rows {seen[v]} and {i}, column {column!r}: the same id {v!r} twice; an id "
+                             "must name one row")
+        seen[v] = i
+
+
+def chat_messages(value: Any, where: str) -> list[dict]:
+    """A prompt's messages as [{role, content}], refusing what is not a non-empty list of messages with a string
+    role and a non-empty string content (a None, a number or a nested list), naming `where` (file and row)."""
+    if isinstance(value, np.ndarray):  # pandas' reading of a parquet list column
+        value = list(value)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{where}: expected a non-empty list of messages, got {value!r}")
+    out = []
+    for j, m in enumerate(value):
+        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
+        if not isinstance(role, str) or not isinstance(content, str) or not content.strip():
+            raise ValueError(f"{where}: message {j}: expected a role and a non-empty text content, got {m!r}")
+        out.append({"role": role, "content": content})
+    return out
+
+
 def files_digest(*paths: str | Path) -> str:
     """Content hash of files and directories (every file below, in sorted order): a resume fingerprint's inputs."""
     h = hashlib.sha256()

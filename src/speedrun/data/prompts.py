@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speedrun.common import SPLITS, normalize_text, stable_hash, stable_unit
+from speedrun.common import SPLITS, chat_messages, normalize_text, require_unique, stable_hash, stable_unit
 
 N_PERM, BANDS = 128, 32  # 32 bands of 4 rows: a pair with Jaccard 0.7 is a candidate with p > 0.999
 _P = (1 << 31) - 1  # Mersenne prime: a*x + b stays below 2**63 in uint64
@@ -91,17 +91,16 @@ def near_duplicates(canon: dict[str, str], threshold: float, k: int = 3) -> dict
     return rep_of
 
 
-def _messages(value) -> list[dict]:
-    return [{"role": m["role"], "content": m["content"]} for m in value]
-
-
-def build(pairs: pa.Table, val_frac: float, eval_frac: float, threshold: float, k: int = 3
+def build(pairs: pa.Table, val_frac: float, eval_frac: float, threshold: float, k: int = 3, path: str = "pairs"
           ) -> tuple[pd.DataFrame, pa.Table, pd.DataFrame, dict]:
-    """(prompts, pairs with prompt_id/split added, pair_id -> prompt_id map, stats)."""
+    """(prompts, pairs with prompt_id/split added, pair_id -> prompt_id map, stats). A repeated pair id or a prompt
+    that is not a list of text messages stops it, naming `path` and the row."""
     ids = pairs.column("id").to_pylist()
+    require_unique(ids, "id", path)
     srcs = pairs.column("src").to_pylist()
     groups = pairs.column("group").to_pylist()
-    msgs = [_messages(m) for m in pairs.column("prompt").to_pylist()]
+    msgs = [chat_messages(m, f"{path}: row {i}, column 'prompt'")
+            for i, m in enumerate(pairs.column("prompt").to_pylist())]
     canon = [canonical_prompt(m) for m in msgs]
     raw = [stable_hash(c) for c in canon]
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from speedrun.common import chat_messages, require_unique
 from speedrun.config import DensityConfig
 from speedrun.rl.controls import balanced_weights
 from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights
@@ -19,12 +20,14 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
     missing = {"prompt_id", "prompt", "split", "group"} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    require_unique(df["prompt_id"].tolist(), "prompt_id", path)
+    rows = [i for i, s in enumerate(df["split"]) if s == split]  # the file's row numbers, for messages
     df = df[df["split"] == split].reset_index(drop=True)
     if df.empty:
         raise ValueError(f"{path}: no prompts with split == {split!r}")
     ids = []
     for i, messages in enumerate(df["prompt"]):
-        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        msgs = chat_messages(messages, f"{path}: row {rows[i]} (prompt {df['prompt_id'][i]}), column 'prompt'")
         try:
             rendered = tok.render_prompt(msgs)
         except ValueError as e:
