@@ -2,6 +2,7 @@
 exactly those under `params:`, every key of params.yaml is read by some stage, and a bad key or value stops a stage
 before any work, naming the key."""
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -84,6 +85,20 @@ def test_params_read_as_dvc_reads_them(tmp_path):
 def test_a_run_id_cannot_leave_the_workspace_or_name_nothing(ids, message):
     res = subprocess.run([sys.executable, "-m", "stages.grpo", *ids], cwd=REPO, capture_output=True, text=True)
     assert res.returncode != 0 and message in res.stderr, res.stderr
+
+
+def test_an_error_names_where_the_value_came_from(tmp_path):
+    """A bad value given with -S names the -S; one in the file names the file. --help with a bad params.yaml shows
+    the help and the error, not a traceback."""
+    with pytest.raises(params.ParamsError, match=re.escape("-S grpo.train.steps=-1: grpo.train.steps: must be >= 1")):
+        params.load(REPO / "params.yaml", ["beta=0.1", "grpo.train.steps=-1"])
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text().replace("\nbeta:", "\nbetta:"))
+    with pytest.raises(params.ParamsError, match=re.escape(f"{tmp_path / 'params.yaml'}: betta: unknown key")):
+        params.load(tmp_path / "params.yaml", ["grpo.train.steps=5"])
+    res = subprocess.run([sys.executable, "-m", "stages.grpo", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode != 0 and "--variant" in res.stdout and "betta: unknown key" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_a_typo_in_the_file_stops_a_stage_in_about_a_second(tmp_path):

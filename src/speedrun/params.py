@@ -63,7 +63,15 @@ def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
     raw = read_yaml(path)
     for assignment in overrides:
         set_key(raw, assignment, str(path))
-    params = build(Params, raw, str(path), "")
+    try:
+        params = build(Params, raw, str(path), "")
+    except ParamsError as e:  # a bad value that came from -S names the -S, not the file
+        key = str(e).removeprefix(f"{path}: ").split(":")[0]
+        given = [a for a in overrides if key == (k := a.partition("=")[0]) or key.startswith(k + ".")
+                 or key.startswith(k + "[")]
+        if given:
+            raise ParamsError(f"-S {given[-1]}: {str(e).removeprefix(f'{path}: ')}") from None
+        raise
     for i, name in enumerate(params.grpo.run):  # the one check across sections: an arm must be defined
         if name not in params.grpo.variants:
             _fail(str(path), f"grpo.run[{i}]", f"{name!r} is not one of grpo.variants "

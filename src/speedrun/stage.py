@@ -60,8 +60,11 @@ def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...]
                             nargs="+" if isinstance(default, list) else None,
                             help=f"default: {default}" if default else "default: from params.yaml")
     if "-h" in argv or "--help" in argv:
-        p = params_lib.load(None)
         parser.print_help()
+        try:
+            p = params_lib.load(None)
+        except (params_lib.ParamsError, FileNotFoundError) as e:
+            sys.exit(f"\nerror: {e} (fix it to see the params.yaml keys this stage reads)")
         shown = [r.split(".{")[0] for r in reads]  # grpo.variants.{variant} -> grpo.variants
         print("\nparams.yaml keys read (committed value, help):\n" + describe(shown, p))
         return
