@@ -77,6 +77,11 @@ def test_errors_name_the_problem(tiny_corpus, ckpts, tmp_path):
     assert missing.returncode != 0 and "not a checkpoint directory" in missing.stderr
     other = run_chat(tiny_corpus, "--model", str(root / "other_tok"), "--prompt", "hi")
     assert other.returncode != 0 and "trained with tokenizer 0000000000000000" in other.stderr
+    import shutil
+    shutil.copytree(root / "sft", tmp_path / "corrupt")
+    (tmp_path / "corrupt" / "meta.json").write_text('{"config": ')
+    corrupt = run_chat(tiny_corpus, "--model", str(tmp_path / "corrupt"), "--prompt", "hi")
+    assert corrupt.returncode != 0 and f"{tmp_path / 'corrupt' / 'meta.json'}: not valid JSON" in corrupt.stderr
     long = run_chat(tiny_corpus, "--model", str(root / "sft"), "--prompt", "word " * 200)
     assert long.returncode != 0 and "the model's context is 48" in long.stderr
     # in the REPL a turn over the context is reported and the session goes on

@@ -72,7 +72,10 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 def read_json(path: str | Path) -> Any:
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:  # a truncated or hand-edited file: say which
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def write_parquet(path: str | Path, df: "pandas.DataFrame") -> None:  # noqa: F821

@@ -287,6 +287,7 @@ class DiscConfig(TrainConfig):
                                             "two-way head")
     train_last_blocks: int = knob("trunk blocks trained with the head (0 = frozen trunk, cached activations)", ge=0)
     batch_size: int = knob("windows per step", ge=1)
+    save_every: int = knob("0: the adversarial stages keep no resume state (a killed one starts over)", ge=0, le=0)
 
 
 @dataclass(frozen=True, kw_only=True)
