@@ -2,8 +2,8 @@
 
 Why: on a GPU, cuDNN attention builds an execution plan and a CUDA graph is captured per new shape, so a step
 whose shapes change every time (rows ending at different lengths, exact length groups) pays that cost every step.
-Rows go to powers of two and widths to multiples of a step, so a run meets a few dozen shapes, all in its first
-steps; padding rows and columns are masked out, so the numbers are those of the unpadded forward up to float
+Row counts go to a ladder (1, 2, 3, 4, 6, 8, ...) and widths to multiples of a step, so a run meets a few dozen
+shapes, all in its first steps; padding rows and columns are masked out, so the numbers are those of the unpadded forward up to float
 rounding.
 
     with count_shapes() as shapes:  # every attention call (scaled_dot_product_attention or the static decode
@@ -23,8 +23,8 @@ _STEP = [1]  # the process's width step (compute.width_step, set by the stage); 
 
 
 def width_step() -> int:
-    """Widths (prompt, completion, cache, key window) are padded to multiples of this and row counts to powers
-    of two when it is > 1; 1 keeps every forward at its exact size."""
+    """Widths (prompt, completion, cache, key window) are padded to multiples of this and row counts to the ladder
+    when it is > 1; 1 keeps every forward at its exact size."""
     return _STEP[0]
 
 
@@ -43,8 +43,8 @@ def resolve_width_step(step: int, device: str) -> int:
 
 def use_shapes(step: int, device: str) -> int:
     """A stage's shape settings: compute.width_step resolved for this device, and on CUDA PyTorch's cuDNN attention
-    backend off: it builds an execution plan per new shape, and without it the GRPO step was 8-9x faster at exact
-    shapes and 1.4x with the ladder (reports/gpu/README.md); flash / memory-efficient attention take its place."""
+    backend off: it builds an execution plan per new shape, and without it the GRPO step was 7-8x faster at exact
+    shapes and 1.2-1.3x with the ladder (reports/gpu/README.md); flash / memory-efficient attention take its place."""
     set_width_step(resolve_width_step(step, device))
     if str(device).startswith("cuda"):
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -68,7 +68,7 @@ def round_up(n: int, step: int) -> int:
 
 def ladder(n: int) -> int:
     """The smallest row count >= n on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5x them):
-    a few dozen sizes up to thousands of rows, none more than a third larger than the rows it holds."""
+    a few dozen sizes up to thousands of rows, each less than 1.5x the rows it holds."""
     if n <= 2:
         return max(n, 1)
     p = 1 << (n - 1).bit_length()  # the power of two >= n
