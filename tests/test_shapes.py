@@ -9,7 +9,7 @@ from speedrun.model import GPT, GPTConfig
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
-from speedrun.shapes import count_shapes, ladder, ladder_sizes, resolve_width_step, round_up, using_width_step
+from speedrun.shapes import ladder, ladder_sizes, resolve_width_step, round_up, using_width_step
 
 torch.set_num_threads(1)
 
