@@ -10,19 +10,18 @@ import torch
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.engine import completion_texts
-from speedrun.common import (pick_device, seed_everything, stable_seed, use_bf16, write_json, write_parquet,
-                             write_text)
+from speedrun.common import pick_device, seed_everything, stable_seed, use_bf16, write_json
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.controls import dense_groups, plant_tic, shuffle_rewards
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
 from speedrun.rl.grpo import require_reward_signal
-from speedrun.rl.prompts import load_prompts, sampling_weights
+from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
 from speedrun.rl.rewards import score_samples
-from speedrun.rl.trainer import grpo_train
+from speedrun.rl.trainer import grpo_train, save_run
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
-from speedrun.train.checkpoint import load_model, save_model
+from speedrun.train.checkpoint import load_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
@@ -46,10 +45,7 @@ def main(p, io, variant: str, seed: int) -> None:
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)
-    if 0 < cfg.pool < len(ids):  # a fixed subset, the same for every arm and seed: prompts repeat within a run
-        keep = sorted(torch.randperm(len(ids), generator=torch.Generator().manual_seed(stable_seed("pool")))[
-            :cfg.pool].tolist())
-        df, ids = df.iloc[keep].reset_index(drop=True), [ids[i] for i in keep]
+    df, ids = pool_subset(df, ids, cfg.pool)
     policy, meta = load_model(io.sft_dir, dev, tok.digest)
     ref, _ = load_model(io.sft_dir, dev, tok.digest)
     rm = RewardModel.load(io.rm_dir, dev)
@@ -110,13 +106,9 @@ def main(p, io, variant: str, seed: int) -> None:
          "drawn_group_share_entropy": round(share_entropy(shares_d), 4),
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}
-    save_model(io.out_dir, policy.state_dict(), policy.config,
-               {"tokenizer": tok.digest, "init": str(io.sft_dir), "variant": variant, "sampling": sampling,
-                "seed": seed, "steps": len(log), "beta": p.beta})
-    write_text(io.out_dir / "log.csv", log.drop(columns=["tokens_per_s", "sample_frac_time"]).to_csv(
-        index=False, float_format="%.6g"))
-    write_parquet(io.out_dir / "weights.parquet", pd.DataFrame(
-        {"prompt_id": df["prompt_id"], "group": df["group"], "weight": weights.numpy(), "draws": draws.numpy()}))
+    save_run(io.out_dir, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "variant": variant,
+                                  "sampling": sampling, "seed": seed, "steps": len(log), "beta": p.beta},
+             log, df, weights, draws)
     write_json(io.metrics, m)
     print(f"grpo {variant} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in {m['steps']} "
           f"steps, {m['completion_tokens_per_s']:.0f} completion tok/s")

@@ -17,7 +17,7 @@ from speedrun.config import Params
 
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # dvc.yaml's templated ids, as the stages name them in READS
-IDS = {"variant": "${item.variant}", "seed": "${item.seed}", "cycle": "${key}"}
+IDS = {"variant": "${item.variant}", "arm": "${item.arm}", "seed": "${item.seed}", "cycle": "${key}"}
 
 
 def module_of(stage: dict) -> str:
@@ -35,7 +35,7 @@ def test_no_knob_on_a_command_line():
     """A cmd is `python -m stages.<name>` plus the run's ids: every knob reaches the stage through params.yaml."""
     for name, spec in STAGES.items():
         cmd = " ".join(spec.get("do", spec)["cmd"].split())
-        assert re.fullmatch(r"python -m stages\.\w+( --(variant|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
+        assert re.fullmatch(r"python -m stages\.\w+( --(variant|arm|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
 
 
 def test_every_key_is_read_by_some_stage():

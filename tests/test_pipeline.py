@@ -33,6 +33,10 @@ MICRO_DAG = {
     "eval.control_temperatures": [0.05, 5.0],  # extreme: a micro model must still order them
     "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
     "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
+    "task.sft.steps": 4, "task.sft.batch_size": 4, "task.sft.eval_every": 2, "task.sft.eval_convs": 8,
+    "task.sft.per_item": 1, "task.sft.warmup_steps": 1, "task.seeds": [1, 2], "task.train.steps": 2,
+    "task.train.prompts_per_step": 2, "task.train.group_size": 2, "task.train.max_new_tokens": 6,
+    "task.eval.samples": 2, "task.eval.max_new_tokens": 6, "task.eval.temperatures": [0.5, 1.0], "task.eval.n_boot": 20,
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
     "adversarial.data.val_pure_rows": 4, "adversarial.data.batch_size": 16, "adversarial.rm.steps": 4,
     "adversarial.rm.batch_size": 4, "adversarial.rm.eval_every": 2, "adversarial.grpo.prompts": 8,
@@ -94,6 +98,18 @@ def assert_held_out(repo) -> None:
     for run in (repo / "outs/grpo").iterdir():
         pool = set(pd.read_parquet(run / "weights.parquet")["prompt_id"])
         assert pool and pool <= set(prompts.loc[prompts["split"] == "train", "prompt_id"]), run
+    # the task track: no eval item in the task SFT conversations, the task pairs or a task GRPO run's pool
+    from speedrun.data import task
+    items = task.load_items(repo / "data/task/items.parquet")
+    eval_items = {i.item_id for i in items if i.split == "eval"}
+    eval_q = {i.question(t) for i in items if i.split == "eval" for t in range(len(task.TEMPLATES[i.cluster]))}
+    assert eval_items and all(any(i.split == "eval" and i.cluster == c for i in items) for c in task.TEMPLATES)
+    task_convs = task.conversations(items, "train", p.task.sft.per_item, p.seed)
+    assert task_convs and not {c[0]["content"] for c in task_convs} & eval_q
+    assert not eval_items & set(pd.read_parquet(repo / "data/task/pairs.parquet")["prompt_id"])
+    for run in (repo / "outs/task_grpo").iterdir():
+        pool = set(pd.read_parquet(run / "weights.parquet")["prompt_id"])
+        assert pool and not pool & eval_items, run
 
 
 def ran(out: str) -> set[str]:
@@ -107,7 +123,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     stages = ran(out)
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
               "grpo@density-1", "grpo@density-2", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
-              "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval"]:
+              "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval", "task_data", "task_sft", "task_grpo@checker-1",
+              "task_grpo@shuffled-2", "task_grpo@density-2", "task_eval"]:
         assert s in stages, (s, sorted(stages))
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
@@ -121,6 +138,11 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert "temperature control" in report and "Task performance (gold-checked)" in report
     assert {"task_pass@1", "task_coverage@2"} <= set(diversity["sft"])
     assert_held_out(repo)
+    task_result = json.loads((repo / "reports/metrics/task.json").read_text())
+    assert set(task_result["arms"]) == {"checker", "density", "shuffled"} and set(task_result["sft"]) == {"0.5", "1.0"}
+    assert {"pass@1", "pass@2", "coverage", "entropy", "top_phrasing_share"} <= set(task_result["sft"]["1.0"]["all"])
+    assert set(task_result["frontier_gap"]["checker"]) >= {"gap", "ci_low", "ci_high", "collapsed"}
+    assert "Manipulation check" in (repo / "reports/task.md").read_text()
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()
@@ -134,12 +156,13 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
         assert rendered[0]["content"]["data"]["values"], name
 
     # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
-    artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "data/onpolicy/pairs.parquet", "outs/rm/model.pt",
+    artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "outs/task_sft/model.pt",
+                 "outs/task_grpo/density_s1/model.pt", "reports/metrics/task.json", "data/onpolicy/pairs.parquet", "outs/rm/model.pt",
                  "outs/grpo/density_s1/model.pt", "outs/grpo/baseline_s2/model.pt", "reports/metrics/diversity.json",
                  "data/adv/cycle_1/train.parquet", "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
     digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
     first = digest()
-    forced = ["pretrain", "sft", "onpolicy_pairs", "train_rm", "grpo@density-1", "grpo@baseline-2", "eval_diversity",
+    forced = ["pretrain", "sft", "task_sft", "task_grpo@density-1", "task_eval", "onpolicy_pairs", "train_rm", "grpo@density-1", "grpo@baseline-2", "eval_diversity",
               "adv_data@1", "adv_rm@1", "adv_grpo@1"]
     assert ran(dvc(repo, "repro", "-f", "-s", *forced)) == set(forced)  # -s: these stages only, not downstream
     assert digest() == first

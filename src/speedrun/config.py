@@ -205,9 +205,10 @@ class DensityConfig:
     k: int = knob("neighbours for the density estimate", ge=1)
     alpha: float = knob("weight ∝ distance^alpha (0 = uniform)", ge=0)
     max_ratio: float = knob("max/min weight ratio after clipping", ge=1)
-    embedding: Literal["names", "sft_idf", "sft_mean"] = knob(
-        "names: the module/class path of the object a prompt asks about (prompts of one module are neighbours) | "
-        "sft_idf: idf-weighted mean of the SFT hidden states | sft_mean: their plain mean")
+    embedding: Literal["words", "names", "sft_idf", "sft_mean"] = knob(
+        "words: tf-idf of the prompt's words and word pairs (text only) | names: the module/class path of the object "
+        "a prompt asks about (metadata: prompts of one module are neighbours) | sft_idf: idf-weighted mean of the "
+        "SFT hidden states | sft_mean: their plain mean")
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,51 @@ class EvalConfig:
     task_samples: int = knob("answers per gold-task item and model (pass@k and coverage@k use all of them)", ge=2)
     task_max_new_tokens: int = knob("gold-task answer token budget", ge=1)
     task_margin: float = knob("non-inferiority margin of gold-task pass@1 (absolute share of right answers)", ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSFTConfig(TrainConfig):
+    """The task stage after chat SFT (nanochat's midtraining): the chat model learns the checkable task."""
+    per_item: int = knob("conversations per train item (a random template, right answer and phrasing each)", ge=1)
+    max_len: int = knob("conversations are cut to this many tokens", ge=2)
+    batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
+    micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
+    eval_convs: int = knob("val conversations per evaluation", ge=1)
+
+
+@dataclass(frozen=True)
+class TaskVariant:
+    """One task arm: how it draws prompts and what it is paid for. Everything else is shared."""
+    sampling: Literal["density", "uniform", "balanced"] = knob(
+        "density: task.density weights | uniform | balanced: every cluster drawn equally often")
+    reward: Literal["checker", "shuffled"] = knob(
+        "checker: 1 for a right answer, else 0 (RLVR) | shuffled: the checker's rewards permuted within each group "
+        "(the negative control: no information, the same zero-spread groups)")
+
+
+@dataclass(frozen=True)
+class TaskEvalConfig:
+    samples: int = knob("answers per eval item and model: pass@k for k up to this, coverage@this", ge=2)
+    max_new_tokens: int = knob("answer token budget", ge=1)
+    temperatures: list[float] = knob("the task SFT model is sampled at each: its pass@1-versus-coverage frontier "
+                                     "(the arms are sampled at task.train.temperature)")
+    n_boot: int = knob("bootstrap draws over eval items for the intervals", ge=1)
+
+
+@dataclass(frozen=True)
+class TaskSection:
+    val_frac: float = knob("share of task items in the val split (stable hash of the item)", ge=0, lt=1)
+    eval_frac: float = knob("share of task items held out of every post-training stage for the evaluation", gt=0,
+                            lt=1)
+    pairs_per_item: int = knob("task preference pairs per train / val item (a right answer over a wrong one, in "
+                               "data/task/pairs.parquet; no stage trains on them yet)", ge=0)
+    sft: TaskSFTConfig = knob("the task stage after chat SFT")
+    seeds: list[int] = knob("GRPO training seeds of every task arm")
+    run: list[str] = knob("the task arms this run trains and evaluates")
+    variants: dict[str, TaskVariant] = knob("every task arm's definition: same task SFT model and budget")
+    train: PromptGRPOConfig = knob("every task arm's GRPO settings")
+    density: DensityConfig = knob("the task arms' density-aware weights")
+    eval: TaskEvalConfig = knob("the task evaluation")
 
 
 @dataclass(frozen=True)
@@ -339,4 +385,5 @@ class Params:
     rm: RMConfig = knob("reward model")
     grpo: GRPOSection = knob("GRPO runs: variants x seeds")
     eval: EvalConfig = knob("diversity evaluation")
+    task: TaskSection = knob("the task track: a checkable task with many right answers")
     adversarial: AdversarialConfig = knob("adversarial cycles")

@@ -44,3 +44,11 @@ def shuffle_rewards(rewards: torch.Tensor, generator: torch.Generator) -> torch.
     """The step's rewards permuted across all its completions: the same values (scale, spread) with no link to the
     completion they are paid to."""
     return rewards[torch.randperm(rewards.numel(), generator=generator)]
+
+
+def shuffle_within_groups(rewards: torch.Tensor, group_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Each prompt's group of rewards permuted among its own completions: no link to the completion paid, and the
+    same groups with zero spread (so the same number of zero-advantage groups) as the unshuffled rewards."""
+    g = rewards.view(-1, group_size)
+    perm = torch.argsort(torch.rand(g.shape, generator=generator), dim=1)
+    return g.gather(1, perm).reshape(-1)

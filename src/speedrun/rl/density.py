@@ -1,7 +1,7 @@
 """Density-aware prompt sampling: embed prompts, weight each by how isolated it is, draw batches.
 
-Embeddings: name_embeddings (where a prompt's object lives: its module and class), or the SFT model's pooled
-hidden states (embed_prompts).
+Embeddings: word_embeddings (tf-idf of the prompt's words: text only), name_embeddings (where a prompt's object
+lives: its module and class; metadata), or the SFT model's pooled hidden states (embed_prompts).
 
 w_i ∝ (mean cosine distance to its k nearest neighbours)^alpha: isolated prompts are drawn MORE often,
 prompts in a crowd (e.g. one huge module's many near-identical questions) less often.
@@ -116,8 +116,44 @@ def name_embeddings(texts: Sequence[str], dim: int = 2048) -> torch.Tensor:
         else:
             tokens = [m.group(1)] if m else _WORD.findall(text.lower()) or [text]
         for t in tokens:
-            out[i, int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=4).digest(), "little") % dim] += 1.0
+            out[i, _bucket(t, dim)] += 1.0
     return out / out.norm(dim=1, keepdim=True)
+
+
+def _bucket(token: str, dim: int) -> int:
+    return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=4).digest(), "little") % dim
+
+
+def word_embeddings(texts: Sequence[str], dim: int = 4096) -> torch.Tensor:
+    """L2-normalised float32 [N, dim] hashed tf-idf bags of a prompt's lowercased words (letters only: a number in
+    a prompt is a value, not its topic) and word pairs: the prompt text only, no metadata. Prompts asked with the
+    same wording are neighbours, so a family of near-identical questions is a dense region (how well it finds the
+    task's clusters: neighbour_purity, in the task_grpo metrics)."""
+    bags = []
+    for text in texts:
+        words = re.findall(r"[a-z]+", text.lower())
+        bags.append(words + [f"{a} {b}" for a, b in zip(words, words[1:])] or [text])
+    df: dict[str, int] = {}
+    for bag in bags:
+        for t in set(bag):
+            df[t] = df.get(t, 0) + 1
+    out = torch.zeros(len(texts), dim, dtype=torch.float32)
+    for i, bag in enumerate(bags):
+        for t in bag:
+            out[i, _bucket(t, dim)] += math.log((1 + len(texts)) / (1 + df[t])) + 1.0  # smoothed idf: no zero rows
+    return out / out.norm(dim=1, keepdim=True)
+
+
+def neighbour_purity(embeddings: torch.Tensor, groups: Sequence[str], k: int) -> float:
+    """Mean share of each row's k nearest neighbours (cosine, itself excluded) in its own group: 1 when the
+    embedding puts every group together, about the group's share of rows for a random one."""
+    e = _as_unit_rows(embeddings)
+    sim = e @ e.T
+    sim.fill_diagonal_(-math.inf)
+    k = min(k, len(e) - 1)
+    nn = sim.topk(k, dim=1).indices
+    g = np.asarray(groups)
+    return float((g[nn.numpy()] == g[:, None]).mean())
 
 
 def idf_weights(prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:

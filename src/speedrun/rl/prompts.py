@@ -6,10 +6,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from speedrun.common import chat_messages, require_unique
+from speedrun.common import chat_messages, require_unique, stable_seed
 from speedrun.config import DensityConfig
 from speedrun.rl.controls import balanced_weights
-from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights
+from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights, word_embeddings
 from speedrun.tokenizer import Tokenizer
 
 
@@ -36,6 +36,15 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
     return df, ids
 
 
+def pool_subset(df: pd.DataFrame, ids: list[list[int]], pool: int) -> tuple[pd.DataFrame, list[list[int]]]:
+    """A fixed random subset of `pool` prompts (0 or more than there are: all), the same for every arm and seed:
+    smaller pools make prompts repeat within a run."""
+    if not 0 < pool < len(ids):
+        return df, ids
+    keep = sorted(torch.randperm(len(ids), generator=torch.Generator().manual_seed(stable_seed("pool")))[:pool].tolist())
+    return df.iloc[keep].reset_index(drop=True), [ids[i] for i in keep]
+
+
 def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
                      groups: list[str], density: DensityConfig, device: str) -> torch.Tensor:
     """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the embedding density.embedding
@@ -45,7 +54,9 @@ def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]],
     if variant == "balanced":
         return balanced_weights(groups)
     if variant == "density":
-        if density.embedding == "names":
+        if density.embedding == "words":
+            emb = word_embeddings(texts)
+        elif density.embedding == "names":
             emb = name_embeddings(texts)
         else:  # sft_idf / sft_mean: the SFT model's hidden states, idf-weighted or plain mean over the prompt
             emb = embed_prompts(model, ids, 64, device, density.embedding.removeprefix("sft_"))

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from speedrun.common import check_finite, stable_seed
+from speedrun.common import check_finite, stable_seed, write_parquet, write_text
 from speedrun.config import GRPOConfig
 from speedrun.engine import Samples, generate, sequence_logprobs
 from speedrun.progress import Progress
 from speedrun.rl.grpo import group_advantages, token_loss, zero_std_fraction
 from speedrun.shapes import count_shapes, round_up, width_step
 from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
+from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import autocast
 
 # (step, generator) -> indices of the step's prompts
@@ -181,3 +183,17 @@ def warm_up(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], cfg: GR
                                     entropy=cfg.entropy_bonus > 0, **sample_kw)
         sum(o.float().sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
         policy.zero_grad(set_to_none=True)
+
+
+def save_run(out_dir: Path, policy: nn.Module, meta: dict, log: "pd.DataFrame", prompts: "pd.DataFrame",  # noqa: F821
+             weights: torch.Tensor, draws: torch.Tensor) -> None:
+    """A prompt-GRPO run's outs: model.pt + meta.json, log.csv (the per-step log, timings left out: they differ
+    between reruns), weights.parquet (each prompt's sampling weight and how often it was drawn)."""
+    import pandas as pd
+
+    save_model(out_dir, policy.state_dict(), policy.config, meta)
+    write_text(out_dir / "log.csv", log.drop(columns=["tokens_per_s", "sample_frac_time"]).to_csv(
+        index=False, float_format="%.6g"))
+    write_parquet(out_dir / "weights.parquet", pd.DataFrame(
+        {"prompt_id": prompts["prompt_id"], "group": prompts["group"], "weight": weights.numpy(),
+         "draws": draws.numpy()}))

@@ -1,0 +1,123 @@
+"""The task track's manipulation check and its markdown report (reports/task.md), from task_eval's result."""
+from __future__ import annotations
+
+from itertools import combinations
+
+TV_BAR = 0.3  # the weights must move the cluster mix at least this far from uniform
+SPREAD_FACTOR = 2.0  # realised mix between arms must differ by more than this many times the seed-to-seed spread
+
+
+def tv(a: dict[str, float], b: dict[str, float]) -> float:
+    """Total variation between two share dicts."""
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+def manipulation(metrics: dict[str, list[dict]], variants: dict[str, dict]) -> dict:
+    """Per arm that does not sample uniformly, against the uniform arm with the same reward: TV of its weights' cluster
+    shares from uniform, the mean TV of the realised draws between the arms (paired by seed), and the mean TV between
+    seeds of one arm (the spread chance alone gives). Passes when the first is >= TV_BAR and the second is more than
+    SPREAD_FACTOR x the third."""
+    out = {}
+    for arm, ms in metrics.items():
+        if variants[arm]["sampling"] == "uniform":
+            continue
+        base = next((a for a, v in variants.items() if v["sampling"] == "uniform"
+                     and v["reward"] == variants[arm]["reward"]), None)
+        if base is None:
+            out[arm] = {"against": None, "passed": None}
+            continue
+        w = tv(ms[0]["cluster_share_weights"], metrics[base][0]["cluster_share_weights"])
+        between = [tv(a["cluster_share_draws"], b["cluster_share_draws"]) for a, b in zip(ms, metrics[base])]
+        within = [tv(a["cluster_share_draws"], b["cluster_share_draws"])
+                  for runs in (ms, metrics[base]) for a, b in combinations(runs, 2)]
+        spread = sum(within) / len(within) if within else float("nan")
+        mix = sum(between) / len(between)
+        out[arm] = {"against": base, "weights_tv": round(w, 4), "draws_tv_between_arms": round(mix, 4),
+                    "draws_tv_between_seeds": round(spread, 4), "shares_weights": ms[0]["cluster_share_weights"],
+                    "text_neighbour_purity": ms[0]["text_neighbour_purity"],
+                    "passed": bool(w >= TV_BAR and mix > SPREAD_FACTOR * spread)}
+    return out
+
+
+def collapse_verdict(gaps: dict[str, dict], control: str = "shuffled") -> str:
+    """Collapse by the reward needs the negative control to stay on the frontier while the arm falls below it; with
+    the control below it too, only the difference from the control can speak for the reward."""
+    below = [a for a, g in gaps.items() if g["ci_high"] < 0 and a != control]
+    if control not in gaps:
+        return "No shuffled-reward arm ran: nothing separates collapse by the reward from drift by training alone."
+    ctrl = gaps[control]
+    if ctrl["ci_high"] < 0:
+        beyond = [a for a in below if gaps[a].get("minus_control", {}).get("ci_high", 0) < 0]
+        return (f"**The negative control fails here**: the shuffled-reward arm also lies below the frontier "
+                f"({ctrl['gap']:+.3f} [{ctrl['ci_low']:+.3f}, {ctrl['ci_high']:+.3f}]): GRPO updates that carry no "
+                "information lower coverage at this learning rate and step count, so a gap below the frontier is "
+                "not evidence of collapse by the reward. "
+                + (f"Beyond the control's loss: {', '.join(beyond)} (interval of the difference below 0)."
+                   if beyond else "No arm loses more coverage than the control (every interval of the difference "
+                   "includes 0 or lies above it)."))
+    if below:
+        return (f"**Collapsed below the frontier: {', '.join(below)}**, while the shuffled-reward arm stays on it "
+                f"({ctrl['gap']:+.3f} [{ctrl['ci_low']:+.3f}, {ctrl['ci_high']:+.3f}]).")
+    return ("No arm lies below the frontier with an interval that excludes 0: no collapse shown (at most a move "
+            "along the frontier, i.e. sharpening).")
+
+
+def _row(name: str, s: dict, ks: list[str]) -> str:
+    a = s["all"]
+    return (f"| {name} | " + " | ".join(f"{a[k]:.3f}" for k in ks) + f" | {a['coverage']:.2f} | {a['entropy']:.2f} | "
+            f"{a['top_phrasing_share']:.2f} |")
+
+
+def report(r: dict) -> str:
+    """The markdown: what the task is, the frontier check, the manipulation check, then per-cluster tables."""
+    ks = [k for k in r["sft"][next(iter(r["sft"]))]["all"] if k.startswith("pass@")]
+    n = r["samples"]
+    lines = ["# Task track: a checkable task with many right answers", "",
+             f"{r['items']} held-out items (per cluster {r['clusters']}), never trained on by any post-training stage; "
+             f"{n} answers per item and model. An answer is right when its first backticked value is in the item's "
+             f"set (\"Name a whole number greater than 12 and less than 19.\": 13-18). coverage = distinct right "
+             f"answers per item (of {n} samples); entropy = of the right answers (bits); top phrasing = share of "
+             "responses in the model's most common wording (the value blanked).", "",
+             "## Collapse or sharpening? (the SFT model's temperature frontier)", "",
+             "| model | " + " | ".join(ks) + f" | coverage@{n} | entropy | top phrasing |",
+             "|---|" + "---:|" * (len(ks) + 3)]
+    for t, s in r["sft"].items():
+        lines.append(_row(f"task SFT, T={t}", s, ks))
+    for arm, a in r["arms"].items():
+        lines.append(_row(f"{arm} (mean of {len(a['runs'])} seeds, T={r['arm_temperature']})",
+                          {"all": {**a["mean"]["all"]}}, ks))
+    lines += ["", "An arm has collapsed when its coverage lies below the SFT frontier at its own pass@1 (linear "
+              "between the temperatures' points; beyond the ends, the nearest end). Gap = arm coverage − frontier "
+              "coverage, mean over seeds, 95% interval over eval items (bootstrap) and seeds:", "",
+              "| arm | reward | gap [95% CI] | per seed | gap − shuffled arm's [95% CI] |", "|---|---|---:|---|---:|"]
+    for arm, g in r["frontier_gap"].items():
+        c = g.get("minus_control")
+        vs = f"{c['gap']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]" if c else "—"
+        lines.append(f"| {arm} | {r['variants'][arm]['reward']} | {g['gap']:+.3f} [{g['ci_low']:+.3f}, "
+                     f"{g['ci_high']:+.3f}] | {', '.join(f'{x:+.2f}' for x in g['per_seed'])} | {vs} |")
+    lines += ["", collapse_verdict(r["frontier_gap"])]
+    lines += ["", "## Manipulation check (density from the prompt text only)", ""]
+    for arm, m in r["manipulation"].items():
+        if m["against"] is None:
+            lines.append(f"- {arm}: no uniform arm with the same reward to compare with.")
+            continue
+        lines.append(f"- {arm} vs {m['against']}: the weights move the cluster mix TV {m['weights_tv']:.3f} from "
+                     f"uniform (bar {TV_BAR}); realised draws differ between the arms by TV "
+                     f"{m['draws_tv_between_arms']:.3f}, between seeds of one arm by {m['draws_tv_between_seeds']:.3f}"
+                     f" (bar: {SPREAD_FACTOR:g}x); cluster shares of the weights {m['shares_weights']}; the text "
+                     f"embedding's neighbours share their item's cluster {m['text_neighbour_purity']:.0%} of the "
+                     f"time. **{'Passed' if m['passed'] else 'Failed'}**.")
+    lines += ["", "## Per cluster", "", "| model | cluster | pass@1 | coverage | entropy |", "|---|---|---:|---:|---:|"]
+    models = [(f"task SFT, T={t}", s) for t, s in r["sft"].items()] + [(arm, a["mean"]) for arm, a in
+                                                                       r["arms"].items()]
+    for name, s in models:
+        for cluster in r["clusters"]:
+            if cluster in s:
+                c = s[cluster]
+                lines.append(f"| {name} | {cluster} | {c['pass@1']:.3f} | {c['coverage']:.2f} | {c['entropy']:.2f} |")
+    lines += ["", "## Training", "", "| arm | gold pass (train items) start → end, per seed | KL end |", "|---|---|---|"]
+    for arm, t in r["training"].items():
+        lines.append(f"| {arm} | " + ", ".join(f"{a:.2f} → {b:.2f}" for a, b in zip(t["gold_pass_start"],
+                                                                                    t["gold_pass_end"]))
+                     + f" | {', '.join(f'{k:.3f}' for k in t['kl_end'])} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,66 @@
+"""Stage task_eval: the task track's checks, ahead of any density verdict. Every model answers every held-out item
+task.eval.samples times (the task SFT model at each of task.eval.temperatures, every arm x seed at the GRPO
+temperature); per model and cluster: pass@1, pass@k, coverage, right-answer entropy, top-phrasing share. Then:
+does an arm lie below the SFT model's temperature frontier (collapse, not sharpening)? Did the density arm move the
+cluster mix (the manipulation check)? -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
+import pandas as pd
+
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import pick_device, read_json, write_json, write_parquet, write_text
+from speedrun.data import task
+from speedrun.eval.task_report import manipulation, report
+from speedrun.eval.task_track import frontier_gaps, sample_answers, summary
+from speedrun.shapes import use_shapes
+from speedrun.stage import run_stage
+from speedrun.train.checkpoint import load_model
+
+READS = ("seed", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
+         "task.train.temperature", "task.eval")
+PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
+         "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo", "answers":
+         "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json", "report": "reports/task.md"}
+
+
+def main(p, io) -> None:
+    c = p.task.eval
+    dev = pick_device(p.compute.device)
+    use_shapes(p.compute.width_step, dev)
+    tok = tokenizer_lib.load(io.tokenizer_dir)
+    items = [i for i in task.load_items(io.items) if i.split == "eval"]
+    k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
+
+    def answers(name: str, ckpt, temperature: float) -> pd.DataFrame:
+        model, _ = load_model(ckpt, dev, tok.digest)
+        return sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, dev)
+
+    sft = {t: answers("task_sft", io.sft_dir, t) for t in c.temperatures}
+    runs = {arm: [answers(f"{arm}_s{s}", io.runs_dir / f"{arm}_s{s}", p.task.train.temperature)
+                  for s in p.task.seeds] for arm in p.task.run}
+    result = {"items": len(items), "clusters": task.cluster_sizes(items, "eval"), "samples": c.samples,
+              "arm_temperature": p.task.train.temperature,
+              "sft": {str(t): summary(a, k_values) for t, a in sft.items()},
+              "arms": {arm: {"mean": _mean([summary(a, k_values) for a in frames]),
+                             "runs": [summary(a, k_values) for a in frames]} for arm, frames in runs.items()},
+              "frontier_gap": frontier_gaps(sft, runs, c.n_boot, p.seed, k_values),
+              "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
+                           for arm in p.task.run}}
+    metrics = {arm: [read_json(io.runs_metrics / f"{arm}_s{s}.json") for s in p.task.seeds] for arm in p.task.run}
+    result["manipulation"] = manipulation(metrics, result["variants"])
+    result["training"] = {arm: {k: [m[k] for m in ms] for k in ("gold_pass_start", "gold_pass_end", "kl_end")}
+                          for arm, ms in metrics.items()}
+    write_parquet(io.answers, pd.concat([*sft.values(), *(f for fs in runs.values() for f in fs)],
+                                        ignore_index=True))
+    write_json(io.metrics, result)
+    text = report(result)
+    write_text(io.report, text)
+    print(text)
+
+
+def _mean(summaries: list[dict]) -> dict:
+    """Means over an arm's runs of every number of every cluster (a run's top phrasing is left out)."""
+    keys = [k for k in summaries[0] if isinstance(summaries[0][k], dict)]
+    return {k: {m: round(sum(s[k][m] for s in summaries) / len(summaries), 4) for m in summaries[0][k]} for k in keys}
+
+
+if __name__ == "__main__":
+    run_stage(main, __doc__, READS, PATHS)

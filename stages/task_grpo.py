@@ -1,0 +1,100 @@
+"""Stage task_grpo@<arm>-<seed>: one GRPO run of the task track from the task SFT model, on the task's train items.
+The arms (task.variants, those of task.run trained) differ in how items are drawn (density-aware from the prompt
+text, uniform, cluster-balanced) and what is paid: the checker (RLVR) or the checker's rewards shuffled within each
+group (the negative control). The log's gold_pass is the checker's share of right answers in each step."""
+import dataclasses
+
+import pandas as pd
+import torch
+
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import pick_device, seed_everything, stable_seed, use_bf16, write_json
+from speedrun.data import task
+from speedrun.engine import completion_texts
+from speedrun.rl.controls import shuffle_within_groups
+from speedrun.rl.density import draw_prompts, group_shares, neighbour_purity, word_embeddings
+from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
+from speedrun.rl.trainer import grpo_train, save_run
+from speedrun.shapes import use_shapes
+from speedrun.stage import run_stage
+from speedrun.train import distributed
+from speedrun.train.checkpoint import load_model
+
+READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
+         "task.train", "task.density", "task.variants.{arm}")
+PATHS = {"sft_dir": "outs/task_sft", "tokenizer_dir": "outs/tokenizer",
+         "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
+         "metrics": "reports/metrics/task_grpo/{arm}_s{seed}.json"}
+
+
+def main(p, io, arm: str, seed: int) -> None:
+    v = p.task.variants[arm]
+    distributed.maybe_relaunch(p.compute.nproc, "stages.task_grpo")
+    d = distributed.setup(pick_device(p.compute.device))
+    dev = d.device
+    use_shapes(p.compute.width_step, dev)
+    cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
+                              decode=p.compute.decode, warm_up=dev.startswith("cuda"))
+    seed_everything(seed)
+    tok = tokenizer_lib.load(io.tokenizer_dir)
+    df, ids = pool_subset(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), cfg.pool)
+    by_id = {i.item_id: i for i in task.load_items(io.items)}
+    items = [by_id[pid] for pid in df["prompt_id"]]
+    policy, _ = load_model(io.sft_dir, dev, tok.digest)
+    ref, _ = load_model(io.sft_dir, dev, tok.digest)
+    texts = [i.prompt() for i in items]
+    groups = [i.cluster for i in items]
+    weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev)
+    draws = torch.zeros(len(ids), dtype=torch.long)
+    step_idx = torch.zeros(0, dtype=torch.long)
+    shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
+    gold_rows: list[float] = []
+
+    def draw(step: int, g: torch.Generator) -> torch.Tensor:
+        nonlocal step_idx
+        step_idx = draw_prompts(weights, cfg.prompts_per_step, g)
+        draws[step_idx] += 1
+        return step_idx
+
+    def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
+        mine = step_idx[distributed.rank_share(len(step_idx), d)][s.prompt_index.cpu()]
+        gold = torch.tensor([float(task.check(items[i], t) is not None)
+                             for i, t in zip(mine.tolist(), completion_texts(s, tok))])
+        n_right = distributed.all_reduce_sum(gold.double().sum().to(dev), d)
+        gold_rows.append(float(n_right) / (len(step_idx) * cfg.group_size))
+        return shuffle_within_groups(gold, cfg.group_size, shuffler) if v.reward == "shuffled" else gold
+
+    if d.is_main:
+        print(f"task_grpo {arm} seed {seed} ({v.sampling}, reward {v.reward}): {len(ids)} train items, "
+              f"{d.world} process(es) on {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
+    result = grpo_train(policy, ref, ids, draw, reward, cfg, dev, tok.assistant_end_id, tok.bos_id,
+                        extra_stats=lambda idx: {"gold_pass": gold_rows[-1]},
+                        name=f"task_grpo_{arm}_s{seed}", stream="task_grpo", d=d)  # arms share random numbers
+    if not d.is_main:
+        distributed.teardown()
+        return
+    log = pd.DataFrame(result.log)
+    k = max(1, len(log) // 5)
+    m = {"arm": arm, "sampling": v.sampling, "reward": v.reward, "seed": seed, "steps": len(log),
+         "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
+         "reward_end": round(float(log["reward_mean"][-k:].mean()), 4),
+         "gold_pass_start": round(float(log["gold_pass"][:k].mean()), 4),
+         "gold_pass_end": round(float(log["gold_pass"][-k:].mean()), 4),
+         "kl_end": round(float(log["kl"][-k:].mean()), 5),
+         "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
+         "cluster_share_weights": {g: round(x, 4) for g, x in group_shares(weights, groups).items()},
+         "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draws.double() / draws.sum(),
+                                                                          groups).items()},
+         "text_neighbour_purity": round(neighbour_purity(word_embeddings(texts), groups, p.task.density.k), 4),
+         "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
+         "seconds": round(result.seconds, 1)}
+    save_run(io.out_dir, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "arm": arm, "seed": seed,
+                                  "steps": len(log), "beta": p.beta}, log, df, weights, draws)
+    write_json(io.metrics, m)
+    print(f"task_grpo {arm} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f}, gold pass "
+          f"{m['gold_pass_start']:.3f} -> {m['gold_pass_end']:.3f} in {m['steps']} steps ({m['seconds']:.0f} s)")
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    run_stage(main, __doc__, READS, PATHS, ids={"arm": str, "seed": int})

@@ -1,0 +1,149 @@
+"""The task track: items with many right answers in clusters of uneven size (data/task.py), the checker, the text
+density embedding on the real task prompts, and the frontier check (eval/task_track.py, eval/task_report.py)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from speedrun.data import task
+from speedrun.eval.task_report import manipulation, tv
+from speedrun.eval.task_track import entropy_bits, frontier_at, frontier_gaps, per_item, summary
+from speedrun.rl.controls import shuffle_within_groups
+from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, word_embeddings
+
+
+@pytest.fixture(scope="module")
+def items():
+    return task.items(0.1, 0.25)
+
+
+def test_items_have_many_right_answers_in_uneven_clusters_split_by_hash(items):
+    assert all(len(i.answers) >= task.MIN_ANSWERS for i in items)
+    train = task.cluster_sizes(items, "train")
+    assert max(train.values()) >= 10 * min(train.values())  # crowding built in
+    assert all(n > 0 for n in task.cluster_sizes(items, "eval").values())  # every cluster in eval
+    assert len({i.item_id for i in items}) == len(items)
+    assert [i.split for i in items] == [i.split for i in task.items(0.1, 0.25)]  # stable
+    n13 = next(i for i in items if (i.cluster, i.lo, i.hi) == ("numbers", "12", "19"))
+    assert n13.answers == ("13", "14", "15", "16", "17", "18")
+    may = next(i for i in items if (i.cluster, i.lo, i.hi) == ("months", "March", "August"))
+    assert may.answers == ("April", "May", "June", "July")
+    assert all(int(a) % 2 == 0 for i in items if i.cluster == "evens" for a in i.answers)
+
+
+def test_a_split_without_a_cluster_is_refused():
+    with pytest.raises(ValueError, match="no eval item"):
+        task.items(0.1, 0.001)
+
+
+def test_checker_reads_the_first_backticked_value(items):
+    item = next(i for i in items if (i.cluster, i.lo, i.hi) == ("letters", "d", "j"))
+    assert task.check(item, "I pick `g`.") == "g" and task.check(item, "How about `G`?") == "g"
+    assert task.check(item, "`k` works, or `g`") is None  # the first value counts
+    assert task.check(item, "g") is None and task.check(item, "``") is None
+    assert task.phrasing("I pick `g`.") == task.phrasing("I pick `e`.") == "I pick `_`."
+
+
+def test_sft_conversations_and_pairs_never_hold_an_eval_item(items):
+    eval_q = {i.prompt() for i in items if i.split == "eval"} | {i.question(t) for i in items if i.split == "eval"
+                                                                  for t in range(len(task.TEMPLATES[i.cluster]))}
+    convs = task.conversations(items, "train", 2, 0)
+    assert len(convs) == 2 * sum(i.split == "train" for i in items)
+    assert not {c[0]["content"] for c in convs} & eval_q
+    by_q = {i.question(t): i for i in items for t in range(len(task.TEMPLATES[i.cluster]))}
+    assert all(task.check(by_q[c[0]["content"]], c[1]["content"]) for c in convs)  # every answer right
+    pairs = task.pairs(items, 2, 0)
+    assert {p["split"] for p in pairs} == {"train", "val"}
+    for p in pairs[:200]:
+        item = by_q[p["prompt"][0]["content"]]
+        assert task.check(item, p["chosen"]) and not task.check(item, p["rejected"])
+
+
+def test_load_items_round_trips_and_names_a_bad_row(items, tmp_path):
+    path = tmp_path / "items.parquet"
+    task.items_frame(items).to_parquet(path)
+    assert task.load_items(path) == items
+    df = task.items_frame(items)
+    df.loc[3, "answers"] = ["1"]
+    df.to_parquet(path)
+    with pytest.raises(ValueError, match=r"items.parquet row 3 .*1 answers"):
+        task.load_items(path)
+
+
+def test_text_embedding_puts_clusters_together_and_passes_the_manipulation_bar(items):
+    """On the real task prompt set (the train items' fixed questions): the words embedding's neighbours mostly share
+    a cluster, and the committed density knobs move the cluster mix >= 0.3 TV from uniform."""
+    from speedrun import params
+
+    d = params.load().task.density
+    train = [i for i in items if i.split == "train"]
+    texts, groups = [i.prompt() for i in train], [i.cluster for i in train]
+    emb = word_embeddings(texts)
+    assert neighbour_purity(emb, groups, d.k) > 0.8
+    shuffled = list(np.random.default_rng(0).permutation(groups))
+    assert neighbour_purity(emb, shuffled, d.k) < 0.6  # negative control: labels that mean nothing
+    w = prompt_weights(emb, d.k, d.alpha, d.max_ratio)
+    uniform = group_shares(torch.full((len(texts),), 1 / len(texts), dtype=torch.float64), groups)
+    shares = group_shares(w, groups)
+    assert tv(shares, uniform) >= 0.3 and shares["numbers"] < uniform["numbers"]  # the crowd is drawn less
+
+
+def test_shuffle_within_groups_keeps_each_groups_values():
+    r = torch.tensor([1., 0., 0., 1., 1., 1., 0., 0.])
+    s = shuffle_within_groups(r, 4, torch.Generator().manual_seed(0))
+    assert [sorted(g) for g in s.view(2, 4).tolist()] == [sorted(g) for g in r.view(2, 4).tolist()]
+    assert not torch.equal(s, r)
+
+
+def answers_frame(model: str, item_answers: dict[str, list[str | None]], cluster: str = "numbers") -> pd.DataFrame:
+    rows = [{"model": model, "temperature": 1.0, "item_id": i, "cluster": cluster, "sample_idx": j,
+             "text": f"`{a}`" if a else "no", "answer": a} for i, ans in item_answers.items() for j, a in enumerate(ans)]
+    return pd.DataFrame(rows)
+
+
+def test_per_item_metrics_pass_coverage_and_entropy():
+    df = answers_frame("m", {"a": ["1", "1", "2", None], "b": [None] * 4})
+    t = per_item(df, (1, 4))
+    assert t.loc["a", "pass@1"] == 0.75 and t.loc["a", "pass@4"] == 1.0 and t.loc["a", "coverage"] == 2
+    assert t.loc["b", "pass@1"] == 0 and t.loc["b", "coverage"] == 0
+    assert entropy_bits(["1", "2"]) == pytest.approx(1.0) and entropy_bits(["1", "1"]) == 0.0
+    s = summary(df, (1,))
+    assert s["all"]["coverage"] == 1.0 and s["all"]["top_phrasing_share"] == 0.625 and s["top_phrasing"] == "no"
+
+
+def test_frontier_check_calls_collapse_below_and_not_along_the_frontier():
+    """Positive control: an arm right as often as SFT at T=1 but always with the same answer lies below the frontier.
+    Negative control: an arm that is the SFT model at another temperature lies on it."""
+    rng = np.random.default_rng(0)
+    vals = [str(v) for v in range(6)]
+    ids = [f"i{k:03d}" for k in range(60)]
+
+    def draw(p_right: float, spread: int, seed: int) -> dict[str, list]:
+        r = np.random.default_rng(seed)
+        return {i: [vals[r.integers(spread)] if r.random() < p_right else None for _ in range(8)] for i in ids}
+
+    sft = {0.5: answers_frame("sft", draw(0.8, 3, 1)), 1.0: answers_frame("sft", draw(0.5, 6, 2))}
+    collapsed = [answers_frame(f"c{s}", draw(0.5, 1, 10 + s)) for s in range(3)]
+    along = [answers_frame(f"a{s}", draw(0.5, 6, 20 + s)) for s in range(3)]
+    g = frontier_gaps(sft, {"collapsed": collapsed, "along": along}, 200, 0, (1, 8))
+    assert g["collapsed"]["collapsed"] and g["collapsed"]["gap"] < -1
+    assert not g["along"]["collapsed"] and g["along"]["ci_low"] < 0 < g["along"]["ci_high"]
+    assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.4) == pytest.approx(2.0)
+    assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.9) == 1.0  # beyond the end: the end
+    del rng
+
+
+def test_manipulation_check_needs_moved_weights_and_draws_beyond_seed_spread():
+    def run(w: dict, d: dict) -> dict:
+        return {"cluster_share_weights": w, "cluster_share_draws": d, "text_neighbour_purity": 0.9}
+
+    u = {"numbers": 0.7, "months": 0.3}
+    dens = {"numbers": 0.3, "months": 0.7}
+    variants = {"checker": {"sampling": "uniform", "reward": "checker"},
+                "density": {"sampling": "density", "reward": "checker"}}
+    ok = manipulation({"checker": [run(u, u), run(u, {"numbers": 0.68, "months": 0.32})],
+                       "density": [run(dens, dens), run(dens, {"numbers": 0.32, "months": 0.68})]}, variants)
+    assert ok["density"]["passed"] and ok["density"]["weights_tv"] == pytest.approx(0.4)
+    weak = manipulation({"checker": [run(u, u), run(u, u)],
+                         "density": [run(u, {"numbers": 0.6, "months": 0.4}), run(u, u)]}, variants)
+    assert not weak["density"]["passed"]
