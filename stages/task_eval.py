@@ -17,7 +17,8 @@ from speedrun.train.checkpoint import load_model
 READS = ("seed", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
          "task.train.temperature", "task.eval")
 PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
-         "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo", "answers":
+         "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo",
+         "rm_metrics": "reports/metrics/task_rm.json", "answers":
          "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json", "report": "reports/task.md"}
 
 
@@ -46,8 +47,13 @@ def main(p, io) -> None:
                            for arm in p.task.run}}
     metrics = {arm: [read_json(io.runs_metrics / f"{arm}_s{s}.json") for s in p.task.seeds] for arm in p.task.run}
     result["manipulation"] = manipulation(metrics, result["variants"])
-    result["training"] = {arm: {k: [m[k] for m in ms] for k in ("gold_pass_start", "gold_pass_end", "kl_end")}
+    result["training"] = {arm: {k: [m[k] for m in ms] for k in ("reward_start", "reward_end", "gold_pass_start",
+                                                                 "gold_pass_end", "kl_end")}
                           for arm, ms in metrics.items()}
+    if any(v["reward"] == "rm" for v in result["variants"].values()):  # what the RM knows of the task
+        task_kind = read_json(io.rm_metrics)["by_kind"].get("task")
+        result["rm"] = task_kind and {k: task_kind[k] for k in ("pairs", "acc", "margin", "baseline_acc",
+                                                                 "sft_logprob_acc")}
     write_parquet(io.answers, pd.concat([*sft.values(), *(f for fs in runs.values() for f in fs)],
                                         ignore_index=True))
     write_json(io.metrics, result)

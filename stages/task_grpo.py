@@ -1,19 +1,23 @@
 """Stage task_grpo@<arm>-<seed>: one GRPO run of the task track from the task SFT model, on the task's train items.
 The arms (task.variants, those of task.run trained) differ in how items are drawn (density-aware from the prompt
-text, uniform, cluster-balanced) and what is paid: the checker (RLVR) or the checker's rewards shuffled within each
-group (the negative control). The log's gold_pass is the checker's share of right answers in each step."""
+text, uniform, cluster-balanced) and what is paid: the checker (RLVR), the checker's rewards shuffled within each
+group (the negative control), or the reward model trained with the task pairs (the RLHF way; the checker is then the
+gold reward, never trained on). The log's gold_pass is the checker's share of right answers in each step."""
 import dataclasses
 
 import pandas as pd
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, seed_everything, stable_seed, use_bf16, write_json
+from speedrun.common import pick_device, read_json, seed_everything, stable_seed, use_bf16, write_json
 from speedrun.data import task
 from speedrun.engine import completion_texts
+from speedrun.reward.preference import RewardModel
 from speedrun.rl.controls import shuffle_within_groups
 from speedrun.rl.density import draw_prompts, group_shares, neighbour_purity, word_embeddings
+from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
+from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train, save_run
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
@@ -22,9 +26,20 @@ from speedrun.train.checkpoint import load_model
 
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "task.train", "task.density", "task.variants.{arm}")
-PATHS = {"sft_dir": "outs/task_sft", "tokenizer_dir": "outs/tokenizer",
+PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/tokenizer",
          "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
          "metrics": "reports/metrics/task_grpo/{arm}_s{seed}.json"}
+
+
+def load_task_rm(rm_dir, device: str) -> RewardModel:
+    """The reward model, refused when it never trained on the task pairs: the arm would follow a blind reward."""
+    rm = RewardModel.load(rm_dir, device)
+    require_reward_signal(rm.head.weight, rm.reward_std, str(rm_dir))
+    kinds = read_json(rm_dir / "meta.json").get("train_kinds", "")
+    if kinds != "all" and "task" not in {k.strip() for k in kinds.split(",")}:
+        raise SystemExit(f"{rm_dir}: trained on pair kinds {kinds!r}, not on the task pairs: add task to "
+                         "task.rm.train_kinds for the rm arm")
+    return rm
 
 
 def main(p, io, arm: str, seed: int) -> None:
@@ -42,13 +57,14 @@ def main(p, io, arm: str, seed: int) -> None:
     items = [by_id[pid] for pid in df["prompt_id"]]
     policy, _ = load_model(io.sft_dir, dev, tok.digest)
     ref, _ = load_model(io.sft_dir, dev, tok.digest)
+    rm = load_task_rm(io.rm_dir, dev) if v.reward == "rm" else None
     texts = [i.prompt() for i in items]
     groups = [i.cluster for i in items]
     weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev)
     draws = torch.zeros(len(ids), dtype=torch.long)
     step_idx = torch.zeros(0, dtype=torch.long)
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
-    gold_rows: list[float] = []
+    gold_rows: list[float] = []  # the checker's share of right answers per step, whatever the arm is paid
 
     def draw(step: int, g: torch.Generator) -> torch.Tensor:
         nonlocal step_idx
@@ -62,6 +78,8 @@ def main(p, io, arm: str, seed: int) -> None:
                              for i, t in zip(mine.tolist(), completion_texts(s, tok))])
         n_right = distributed.all_reduce_sum(gold.double().sum().to(dev), d)
         gold_rows.append(float(n_right) / (len(step_idx) * cfg.group_size))
+        if rm is not None:
+            return score_samples(rm, batch, s, tok.bos_id, standardise=True)
         return shuffle_within_groups(gold, cfg.group_size, shuffler) if v.reward == "shuffled" else gold
 
     if d.is_main:

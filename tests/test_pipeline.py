@@ -34,7 +34,8 @@ MICRO_DAG = {
     "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
     "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
     "task.sft.steps": 4, "task.sft.batch_size": 4, "task.sft.eval_every": 2, "task.sft.eval_convs": 8,
-    "task.sft.per_item": 1, "task.sft.warmup_steps": 1, "task.seeds": [1, 2], "task.train.steps": 2,
+    "task.sft.per_item": 1, "task.sft.warmup_steps": 1, "task.rm.steps": 4, "task.rm.batch_size": 4,
+    "task.rm.eval_every": 2, "task.rm.warmup_steps": 1, "task.seeds": [1, 2], "task.train.steps": 2,
     "task.train.prompts_per_step": 2, "task.train.group_size": 2, "task.train.max_new_tokens": 6,
     "task.eval.samples": 2, "task.eval.max_new_tokens": 6, "task.eval.temperatures": [0.5, 1.0], "task.eval.n_boot": 20,
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
@@ -124,7 +125,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
               "grpo@density-1", "grpo@density-2", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
               "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval", "task_data", "task_sft", "task_grpo@checker-1",
-              "task_grpo@shuffled-2", "task_grpo@density-2", "task_eval"]:
+              "task_grpo@shuffled-2", "task_grpo@density-2", "task_grpo@rm-1", "task_rm", "task_eval"]:
         assert s in stages, (s, sorted(stages))
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
@@ -139,7 +140,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert {"task_pass@1", "task_coverage@2"} <= set(diversity["sft"])
     assert_held_out(repo)
     task_result = json.loads((repo / "reports/metrics/task.json").read_text())
-    assert set(task_result["arms"]) == {"checker", "density", "shuffled"} and set(task_result["sft"]) == {"0.5", "1.0"}
+    assert set(task_result["arms"]) == {"checker", "density", "shuffled", "rm"} and set(task_result["sft"]) == {"0.5",
+                                                                                                            "1.0"}
+    assert task_result["rm"]["pairs"] > 0 and 0 <= task_result["rm"]["acc"] <= 1  # the RM scored held-out task pairs
     assert {"pass@1", "pass@2", "coverage", "entropy", "top_phrasing_share"} <= set(task_result["sft"]["1.0"]["all"])
     assert set(task_result["frontier_gap"]["checker"]) >= {"gap", "ci_low", "ci_high", "collapsed"}
     assert "Manipulation check" in (repo / "reports/task.md").read_text()

@@ -97,7 +97,8 @@ def test_shuffle_within_groups_keeps_each_groups_values():
 
 def answers_frame(model: str, item_answers: dict[str, list[str | None]], cluster: str = "numbers") -> pd.DataFrame:
     rows = [{"model": model, "temperature": 1.0, "item_id": i, "cluster": cluster, "sample_idx": j,
-             "text": f"`{a}`" if a else "no", "answer": a} for i, ans in item_answers.items() for j, a in enumerate(ans)]
+             "text": f"`{a}`" if a else "no", "answer": a}
+            for i, ans in item_answers.items() for j, a in enumerate(ans)]
     return pd.DataFrame(rows)
 
 
@@ -147,3 +148,21 @@ def test_manipulation_check_needs_moved_weights_and_draws_beyond_seed_spread():
     weak = manipulation({"checker": [run(u, u), run(u, u)],
                          "density": [run(u, {"numbers": 0.6, "months": 0.4}), run(u, u)]}, variants)
     assert not weak["density"]["passed"]
+
+
+def test_the_rm_arm_refuses_a_reward_model_that_never_saw_the_task(tmp_path):
+    from speedrun.model import GPT, GPTConfig
+    from speedrun.reward.preference import RewardModel
+    from speedrun.train.checkpoint import save_model
+    from stages.task_grpo import load_task_rm
+
+    rm = RewardModel.from_gpt(GPT(GPTConfig(vocab_size=64, depth=1, n_embd=32, head_dim=16, seq_len=32)))
+    with torch.no_grad():
+        rm.head.weight.fill_(0.1)  # a trained head: not the constant-reward refusal
+    for kinds in ("sft_sample", "sft_sample,task"):
+        save_model(tmp_path / kinds, rm.state_dict(), rm.config, {"tokenizer": "t", "reward_mean": 0.0,
+                                                                   "reward_std": 1.0, "max_len": 32,
+                                                                   "train_kinds": kinds})
+    with pytest.raises(SystemExit, match="not on the task pairs: add task to task.rm.train_kinds"):
+        load_task_rm(tmp_path / "sft_sample", "cpu")
+    assert load_task_rm(tmp_path / "sft_sample,task", "cpu").max_len == 32

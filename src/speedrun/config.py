@@ -146,8 +146,8 @@ class OnpolicyConfig:
 @dataclass(frozen=True, kw_only=True)
 class RMConfig(TrainConfig):
     """The preference reward model (speedrun.reward.train_rm)."""
-    train_kinds: str = knob("comma list of pair kinds trained on (sft_sample, hard, random, hh, uf, se) or all; "
-                            "every kind of the validation split is scored")
+    train_kinds: str = knob("comma list of pair kinds trained on (sft_sample, hard, random, hh, uf, se; task for "
+                            "task.rm) or all; every kind of the validation split is scored")
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "
                                          "response")
     train_last_blocks: int = knob("trunk blocks trained with the head, from the top (0 = head only)", ge=0)
@@ -283,9 +283,10 @@ class TaskVariant:
     """One task arm: how it draws prompts and what it is paid for. Everything else is shared."""
     sampling: Literal["density", "uniform", "balanced"] = knob(
         "density: task.density weights | uniform | balanced: every cluster drawn equally often")
-    reward: Literal["checker", "shuffled"] = knob(
+    reward: Literal["checker", "shuffled", "rm"] = knob(
         "checker: 1 for a right answer, else 0 (RLVR) | shuffled: the checker's rewards permuted within each group "
-        "(the negative control: no information, the same zero-spread groups)")
+        "(the negative control: no information, the same zero-spread groups) | rm: the task reward model (task.rm, "
+        "trained on the task pairs); the checker is then the gold reward, never trained on")
 
 
 @dataclass(frozen=True)
@@ -302,9 +303,10 @@ class TaskSection:
     val_frac: float = knob("share of task items in the val split (stable hash of the item)", ge=0, lt=1)
     eval_frac: float = knob("share of task items held out of every post-training stage for the evaluation", gt=0,
                             lt=1)
-    pairs_per_item: int = knob("task preference pairs per train / val item (a right answer over a wrong one, in "
-                               "data/task/pairs.parquet; no stage trains on them yet)", ge=0)
+    pairs_per_item: int = knob("task preference pairs per train / val item (a right answer over a wrong one) for "
+                               "the task reward model; eval items have none", ge=1)
     sft: TaskSFTConfig = knob("the task stage after chat SFT")
+    rm: RMConfig = knob("the task reward model: the task SFT trunk on the task pairs (the rm arm's proxy reward)")
     seeds: list[int] = knob("GRPO training seeds of every task arm")
     run: list[str] = knob("the task arms this run trains and evaluates")
     variants: dict[str, TaskVariant] = knob("every task arm's definition: same task SFT model and budget")

@@ -62,6 +62,33 @@ def collapse_verdict(gaps: dict[str, dict], control: str = "shuffled") -> str:
             "along the frontier, i.e. sharpening).")
 
 
+def rm_section(r: dict) -> list[str]:
+    """The RLHF arm: what the reward model knows of the task, and its reward beside the gold checker's."""
+    arms = [a for a, v in r["variants"].items() if v["reward"] == "rm"]
+    if not arms:
+        return []
+    rm = r.get("rm")
+    lines = ["", "## The RLHF way: the reward model as proxy, the checker as gold", ""]
+    if not rm:
+        return lines + ["The reward model scored no task pairs on its validation split: nothing says it knows the "
+                        "task."]
+    lines.append(f"Reward model on {rm['pairs']} held-out task pairs (val items; a right answer against a wrong one "
+                 f"in the same phrasing): accuracy {rm['acc']:.3f}, margin {rm['margin']:.2f} (word-overlap "
+                 f"baseline {rm['baseline_acc']:.3f}; the SFT model's own likelihood picks the right one "
+                 f"{rm['sft_logprob_acc']:.3f}).")
+    sft1 = r["sft"].get("1.0", next(iter(r["sft"].values())))["all"]["pass@1"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for arm in arms:
+        t = r["training"][arm]
+        a = r["arms"][arm]["mean"]["all"]
+        lines.append(f"- {arm}: standardised RM reward on its train items {mean(t['reward_start']):+.2f} → "
+                     f"{mean(t['reward_end']):+.2f}, gold pass there {mean(t['gold_pass_start']):.2f} → "
+                     f"{mean(t['gold_pass_end']):.2f}; held-out gold pass@1 {a['pass@1']:.3f} (task SFT at T=1: "
+                     f"{sft1:.3f}). A rising proxy with a flat or falling gold pass is over-optimisation of the reward "
+                     "model.")
+    return lines
+
+
 def _row(name: str, s: dict, ks: list[str]) -> str:
     a = s["all"]
     return (f"| {name} | " + " | ".join(f"{a[k]:.3f}" for k in ks) + f" | {a['coverage']:.2f} | {a['entropy']:.2f} | "
@@ -115,9 +142,12 @@ def report(r: dict) -> str:
             if cluster in s:
                 c = s[cluster]
                 lines.append(f"| {name} | {cluster} | {c['pass@1']:.3f} | {c['coverage']:.2f} | {c['entropy']:.2f} |")
-    lines += ["", "## Training", "", "| arm | gold pass (train items) start → end, per seed | KL end |", "|---|---|---|"]
+    lines += ["", "## Training (train items, checker = gold)", "",
+              "| arm | reward start → end, per seed | gold pass start → end, per seed | KL end |",
+              "|---|---|---|---|"]
     for arm, t in r["training"].items():
-        lines.append(f"| {arm} | " + ", ".join(f"{a:.2f} → {b:.2f}" for a, b in zip(t["gold_pass_start"],
-                                                                                    t["gold_pass_end"]))
-                     + f" | {', '.join(f'{k:.3f}' for k in t['kl_end'])} |")
+        pairs = lambda a, b: ", ".join(f"{x:+.2f} → {y:+.2f}" for x, y in zip(t[a], t[b]))  # noqa: E731
+        lines.append(f"| {arm} | {pairs('reward_start', 'reward_end')} | {pairs('gold_pass_start', 'gold_pass_end')} "
+                     f"| {', '.join(f'{k:.3f}' for k in t['kl_end'])} |")
+    lines += rm_section(r)
     return "\n".join(lines) + "\n"

@@ -87,6 +87,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
          "pairs_per_s": round(result.tokens / max(result.train_seconds, 1e-9), 1)}
     val_keys = ("val_acc", "val_margin", "val_loss", "baseline_acc", "sft_logprob_acc", "by_kind")
     meta = {"tokenizer": tok.digest, "step": result.steps_done, "init": str(init_dir), "max_len": r.max_len,
+            "train_kinds": r.train_kinds,
             "pool": r.pool, "train_last_blocks": r.train_last_blocks, "reward_mean": m["reward_mean"],
             "reward_std": m["reward_std"], "val": {k: m[k] for k in val_keys}}
     if m["best_step"] == 0:

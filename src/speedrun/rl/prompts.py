@@ -41,7 +41,8 @@ def pool_subset(df: pd.DataFrame, ids: list[list[int]], pool: int) -> tuple[pd.D
     smaller pools make prompts repeat within a run."""
     if not 0 < pool < len(ids):
         return df, ids
-    keep = sorted(torch.randperm(len(ids), generator=torch.Generator().manual_seed(stable_seed("pool")))[:pool].tolist())
+    order = torch.randperm(len(ids), generator=torch.Generator().manual_seed(stable_seed("pool")))
+    keep = sorted(order[:pool].tolist())
     return df.iloc[keep].reset_index(drop=True), [ids[i] for i in keep]
 
 
