@@ -122,6 +122,11 @@ def report(r: dict) -> str:
         vs = f"{c['gap']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]" if c else "—"
         lines.append(f"| {arm} | {r['variants'][arm]['reward']} | {g['gap']:+.3f} [{g['ci_low']:+.3f}, "
                      f"{g['ci_high']:+.3f}] | {', '.join(f'{x:+.2f}' for x in g['per_seed'])} | {vs} |")
+    outside = {a: g["outside_frontier"] for a, g in r["frontier_gap"].items() if g.get("outside_frontier")}
+    if outside:
+        lines += ["", "Runs whose pass@1 lies outside the frontier's range are compared with its nearest end (add "
+                  "temperatures to task.eval.temperatures to reach them): " + "; ".join(
+                      f"{a} ({', '.join(f'{x:.3f}' for x in v)})" for a, v in outside.items()) + "."]
     lines += ["", collapse_verdict(r["frontier_gap"])]
     lines += ["", "## Manipulation check (density from the prompt text only)", ""]
     for arm, m in r["manipulation"].items():

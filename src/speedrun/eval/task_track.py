@@ -109,6 +109,10 @@ def frontier_gaps(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFr
         boots[arm] = g
         out[arm] = _interval(g[0], g[1:].mean(axis=1))
         out[arm]["collapsed"] = bool(out[arm]["ci_high"] < 0)
+        front = np.array([stat(t, draws[0]) for t in tables.values()])
+        lo, hi = front[:, 0].min(), front[:, 0].max()
+        out[arm]["outside_frontier"] = [round(stat(t, draws[0])[0], 4) for t in tabs
+                                        if not lo <= stat(t, draws[0])[0] <= hi]  # runs compared with an end point
     for arm in runs:  # the same gap against the negative control's, on the same item draws
         if control in runs and arm != control:
             diff = boots[arm].mean(axis=1) - boots[control].mean(axis=1)
