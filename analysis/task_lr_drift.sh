@@ -22,6 +22,5 @@ for setting in ${SETTINGS:-0.0001:150 0.0001:400 0.0003:150 0.001:100}; do
     --runs-metrics "$dir/metrics" --answers "$dir/answers.parquet" --metrics "$dir/task.json" --report "$dir/task.md" \
     > /dev/null
   echo "lr $lr, $steps steps:"
-  grep -A6 "^| model | pass@1" "$dir/task.md" | grep -E "T=1.0|checker|shuffled"
-  grep -A4 "^| arm | reward | gap" "$dir/task.md" | tail -2
+  grep -E "^\| (task SFT, T=1.0|checker|shuffled) " "$dir/task.md"
 done
