@@ -2,13 +2,16 @@
 task.eval.samples times (the task SFT model at each of task.eval.temperatures, every arm x seed at the GRPO
 temperature); per model and cluster: pass@1, pass@k, coverage, right-answer entropy, top-phrasing share. Then:
 does an arm lie below the SFT model's temperature frontier (collapse, not sharpening)? Did the density arm move the
-cluster mix (the manipulation check)? -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
+cluster mix (the manipulation check)? Each task.eval.comparisons pair (density against uniform): Δ coverage beyond
+the frontier, pass@1 non-inferiority, the MDE and the seeds it would need.
+-> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
 import pandas as pd
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, read_json, write_json, write_parquet, write_text
 from speedrun.data import task
 from speedrun.eval.task_report import manipulation, report
+from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import frontier_gaps, sample_answers, summary
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
@@ -29,6 +32,11 @@ def main(p, io) -> None:
     tok = tokenizer_lib.load(io.tokenizer_dir)
     items = [i for i in task.load_items(io.items) if i.split == "eval"]
     k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
+    for comp in c.comparisons:  # before any sampling: a typo here would otherwise cost the whole evaluation
+        sides = comp.split(":")
+        if len(sides) != 2 or any(s not in p.task.run for s in sides) or sides[0] == sides[1]:
+            raise ValueError(f"task.eval.comparisons: {comp!r} must be 'treatment:control', two different arms of "
+                             f"task.run {p.task.run}")
 
     def answers(name: str, ckpt, temperature: float) -> pd.DataFrame:
         model, _ = load_model(ckpt, dev, tok.digest)
@@ -43,6 +51,9 @@ def main(p, io) -> None:
               "arms": {arm: {"mean": _mean([summary(a, k_values) for a in frames]),
                              "runs": [summary(a, k_values) for a in frames]} for arm, frames in runs.items()},
               "frontier_gap": frontier_gaps(sft, runs, c.n_boot, p.seed, k_values),
+              "comparisons": compare_arms(sft, runs, c.comparisons, c.n_boot, p.seed, k_values, c.pass1_margin,
+                                          c.mde_share),
+              "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
               "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
                            for arm in p.task.run}}
     metrics = {arm: [read_json(io.runs_metrics / f"{arm}_s{s}.json") for s in p.task.seeds] for arm in p.task.run}

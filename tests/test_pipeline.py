@@ -145,6 +145,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert task_result["rm"]["pairs"] > 0 and 0 <= task_result["rm"]["acc"] <= 1  # the RM scored held-out task pairs
     assert {"pass@1", "pass@2", "coverage", "entropy", "top_phrasing_share"} <= set(task_result["sft"]["1.0"]["all"])
     assert set(task_result["frontier_gap"]["checker"]) >= {"gap", "ci_low", "ci_high", "collapsed"}
+    density = task_result["comparisons"]["density:checker"]  # the default density-against-uniform comparison
+    assert {"value", "ci_low", "ci_high", "p_holm", "mde"} <= set(density["gap"]) and "verdict" in density["pass@1"]
     assert "Manipulation check" in (repo / "reports/task.md").read_text()
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial

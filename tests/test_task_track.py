@@ -7,6 +7,7 @@ import torch
 
 from speedrun.data import task
 from speedrun.eval.task_report import manipulation, tv
+from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import entropy_bits, frontier_at, frontier_gaps, per_item, summary
 from speedrun.rl.controls import shuffle_within_groups
 from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, word_embeddings
@@ -166,3 +167,28 @@ def test_the_rm_arm_refuses_a_reward_model_that_never_saw_the_task(tmp_path):
     with pytest.raises(SystemExit, match="not on the task pairs: add task to task.rm.train_kinds"):
         load_task_rm(tmp_path / "sft_sample", "cpu")
     assert load_task_rm(tmp_path / "sft_sample,task", "cpu").max_len == 32
+
+
+def test_arm_comparison_calls_a_coverage_difference_and_not_a_null():
+    """Positive control: an arm that keeps every right answer beats one that always gives the same one, at the same
+    pass@1 (Δ gap > 0, called, pass@1 non-inferior). Negative control: two arms drawn alike are not called."""
+    ids = [f"i{k:03d}" for k in range(60)]
+    vals = [str(v) for v in range(6)]
+
+    def draw(p_right: float, spread: int, seed: int, cluster: str = "numbers") -> pd.DataFrame:
+        r = np.random.default_rng(seed)
+        frames = [answers_frame(f"m{seed}", {i: [vals[r.integers(spread)] if r.random() < p_right else None
+                                                 for _ in range(8)]}, "numbers" if k < 40 else "letters")
+                  for k, i in enumerate(ids)]
+        return pd.concat(frames, ignore_index=True)
+
+    sft = {0.5: draw(0.8, 3, 1), 1.0: draw(0.5, 6, 2)}
+    arms = {"spread": [draw(0.6, 6, 10 + s) for s in range(4)], "same": [draw(0.6, 1, 20 + s) for s in range(4)],
+            "alike": [draw(0.6, 1, 30 + s) for s in range(4)]}
+    out = compare_arms(sft, arms, ["spread:same", "alike:same"], 200, 0, (1, 8), margin_share=0.5, mde_share=0.3)
+    pos, neg = out["spread:same"], out["alike:same"]
+    assert pos["gap"]["value"] > 1 and pos["gap"]["called"] and pos["gap"]["ci_low"] > 0
+    assert not neg["gap"]["called"] and neg["gap"]["ci_low"] < 0 < neg["gap"]["ci_high"]
+    assert set(pos["clusters"]) == {"letters", "numbers"} and pos["clusters"]["letters"]["value"] > 0
+    assert pos["gap"]["collapse"] > 0 and pos["gap"]["mde"] > 0 and pos["gap"]["seeds_needed"] is not None
+    assert pos["pass@1"]["gain"] == pytest.approx(0.6 - 0.5, abs=0.1) and pos["pass@1"]["verdict"] == "non-inferior"

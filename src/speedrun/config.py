@@ -296,6 +296,12 @@ class TaskEvalConfig:
     temperatures: list[float] = knob("the task SFT model is sampled at each: its pass@1-versus-coverage frontier "
                                      "(the arms are sampled at task.train.temperature)")
     n_boot: int = knob("bootstrap draws over eval items for the intervals", ge=1)
+    comparisons: list[str] = knob("'treatment:control' pairs of task.run arms tested on the primary, Δ coverage beyond "
+                                  "the SFT frontier (Holm over the pairs); the control samples uniformly")
+    pass1_margin: float = knob("pass@1 non-inferiority margin, as a share of the control arm's pass@1 gain over the "
+                               "task SFT model at T=1", ge=0)
+    mde_share: float = knob("power target: the report gives the seeds per arm for an MDE of this share of the "
+                            "control arm's coverage collapse", gt=0, le=1)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,40 @@ def rm_section(r: dict) -> list[str]:
     return lines
 
 
+def _ci(d: dict, digits: int = 3) -> str:
+    return f"{d['value']:+.{digits}f} [{d['ci_low']:+.{digits}f}, {d['ci_high']:+.{digits}f}]"
+
+
+def comparison_section(r: dict) -> list[str]:
+    """Each task.eval.comparisons pair: Δ of the frontier gap (primary, Holm), per cluster, pass@1 non-inferiority."""
+    comps = r.get("comparisons") or {}
+    if not comps:
+        return []
+    lines = ["", "## Sampling arms against uniform (task.eval.comparisons)", "",
+             "Primary: Δ of the frontier gap over all held-out items (coverage beyond the SFT frontier at the run's "
+             "own pass@1; > 0 = the treatment keeps more right answers), Holm over the comparisons at 0.05; the "
+             "interval counts seeds and items (stats.pooled_delta); MDE at 80% power and these seeds. collapse = the "
+             "uniform arm's gap below the frontier. pass@1: non-inferior when the interval's lower end lies above "
+             f"−margin, margin = {r['pass1_margin_share']:g} x the uniform arm's pass@1 gain over the SFT model at "
+             "T=1.", "",
+             "| comparison | Δ gap [95% CI] | Holm p | permutation p | MDE (of collapse) | seeds/arm for MDE ≤ "
+             f"{r['mde_share']:.0%} | pass@1 Δ [95% CI] | margin | pass@1 |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for c in comps.values():
+        g, p1 = c["gap"], c["pass@1"]
+        share = f"{g['mde']:.3f} " + (f"({g['mde'] / g['collapse']:.0%})" if g["collapse"] > 0 else "(no collapse)")
+        perm = g["permutation"]["p"]
+        lines.append(f"| {c['treatment']} − {c['control']} | {_ci(g)} | {g['p_holm']:.3f}"
+                     f"{' **called**' if g['called'] else ''} | {'—' if perm is None else f'{perm:.3f}'} | {share} | "
+                     f"{g['seeds_needed'] or '> 64'} | {_ci(p1)} | {p1['margin']:.3f} | {p1['verdict']} |")
+    lines += ["", "Per cluster (secondary, each cluster's own frontier, unadjusted; small clusters have wide intervals):",
+              "", "| comparison | " + " | ".join(next(iter(comps.values()))["clusters"]) + " |",
+              "|---|" + "---:|" * len(next(iter(comps.values()))["clusters"])]
+    for c in comps.values():
+        lines.append(f"| {c['treatment']} − {c['control']} | " + " | ".join(_ci(d, 2) for d in c["clusters"].values())
+                     + " |")
+    return lines
+
+
 def _row(name: str, s: dict, ks: list[str]) -> str:
     a = s["all"]
     return (f"| {name} | " + " | ".join(f"{a[k]:.3f}" for k in ks) + f" | {a['coverage']:.2f} | {a['entropy']:.2f} | "
@@ -128,6 +162,7 @@ def report(r: dict) -> str:
                   "temperatures to task.eval.temperatures to reach them): " + "; ".join(
                       f"{a} ({', '.join(f'{x:.3f}' for x in v)})" for a, v in outside.items()) + "."]
     lines += ["", collapse_verdict(r["frontier_gap"])]
+    lines += comparison_section(r)
     lines += ["", "## Manipulation check (density from the prompt text only)", ""]
     for arm, m in r["manipulation"].items():
         if m["against"] is None:

@@ -81,38 +81,45 @@ def frontier_at(points: np.ndarray, pass1: float) -> float:
     return float(np.interp(pass1, pts[:, 0], pts[:, 1])) if len(pts) else math.nan
 
 
+def column_mean(tab: pd.DataFrame, rows: np.ndarray, col: str) -> float:
+    """Mean of one column of a per-item table over the item rows `rows` (a bootstrap draw)."""
+    return float(tab[col].to_numpy(dtype=float)[rows].mean())
+
+
+def gap_draws(sft: list[pd.DataFrame], runs: list[pd.DataFrame], draws: list[np.ndarray]) -> np.ndarray:
+    """[draw, run] coverage − SFT frontier coverage at the run's pass@1, the frontier and every run on the same item
+    rows of each draw (per-item tables of the same items in the same order)."""
+    out = []
+    for rows in draws:
+        front = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in sft])
+        out.append([column_mean(t, rows, "coverage") - frontier_at(front, column_mean(t, rows, "pass@1")) for t in runs])
+    return np.array(out)
+
+
+def item_draws(n_items: int, n_boot: int, seed: int, tag: str) -> list[np.ndarray]:
+    """The identity, then n_boot seeded bootstrap draws of item rows: shared by every model compared."""
+    rng = np.random.default_rng(stable_seed(tag, seed))
+    return [np.arange(n_items)] + [rng.integers(0, n_items, n_items) for _ in range(n_boot)]
+
+
 def frontier_gaps(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFrame]], n_boot: int, seed: int,
                   k_values: tuple[int, ...], control: str = "shuffled") -> dict:
     """Per arm: mean over its seeds of (coverage − SFT frontier coverage at the run's pass@1), with a 95% interval
     from a bootstrap over eval items (the frontier and every run resampled on the same items) and the spread between
     seeds; collapsed when the interval lies below zero. With a `control` arm (the shuffled reward), each other arm's
     gap minus the control's (minus_control): the part of the coverage loss the reward itself causes."""
-    tables = {t: per_item(a, k_values) for t, a in sft.items()}
+    tables = [per_item(a, k_values) for a in sft.values()]
     runs = {arm: [per_item(a, k_values) for a in frames] for arm, frames in arms.items()}
-    items = next(iter(tables.values())).index
-    rng = np.random.default_rng(stable_seed("task_frontier", seed))
-    draws = [np.arange(len(items))] + [rng.integers(0, len(items), len(items)) for _ in range(n_boot)]
-
-    def stat(tab: pd.DataFrame, idx: np.ndarray) -> tuple[float, float]:
-        v = tab.loc[items].to_numpy()[idx]
-        cols = list(tab.columns)
-        return float(v[:, cols.index("pass@1")].astype(float).mean()), float(v[:, cols.index("coverage")].astype(
-            float).mean())
-
+    draws = item_draws(len(tables[0]), n_boot, seed, "task_frontier")
+    front = np.array([(column_mean(t, draws[0], "pass@1"), column_mean(t, draws[0], "coverage")) for t in tables])
     out, boots = {}, {}
     for arm, tabs in runs.items():
-        per_draw = []  # [draw, seed] gaps
-        for idx in draws:
-            front = np.array([stat(t, idx) for t in tables.values()])
-            per_draw.append([stat(t, idx)[1] - frontier_at(front, stat(t, idx)[0]) for t in tabs])
-        g = np.array(per_draw)
-        boots[arm] = g
+        g = boots[arm] = gap_draws(tables, tabs, draws)
         out[arm] = _interval(g[0], g[1:].mean(axis=1))
         out[arm]["collapsed"] = bool(out[arm]["ci_high"] < 0)
-        front = np.array([stat(t, draws[0]) for t in tables.values()])
         lo, hi = front[:, 0].min(), front[:, 0].max()
-        out[arm]["outside_frontier"] = [round(stat(t, draws[0])[0], 4) for t in tabs
-                                        if not lo <= stat(t, draws[0])[0] <= hi]  # runs compared with an end point
+        out[arm]["outside_frontier"] = [round(column_mean(t, draws[0], "pass@1"), 4) for t in tabs
+                                        if not lo <= column_mean(t, draws[0], "pass@1") <= hi]  # compared with an end
     for arm in runs:  # the same gap against the negative control's, on the same item draws
         if control in runs and arm != control:
             diff = boots[arm].mean(axis=1) - boots[control].mean(axis=1)
@@ -133,5 +140,6 @@ def _interval(point: np.ndarray, boot: np.ndarray, point_b: np.ndarray | None = 
     return {"gap": round(mean, 4), "ci_low": round(mean - 1.96 * se, 4), "ci_high": round(mean + 1.96 * se, 4),
             "per_seed": [round(float(x), 4) for x in point], "item_se": round(item_se, 4),
             "seed_se": round(seed_se, 4)}
+
 
 

@@ -1,0 +1,62 @@
+"""The task track's arm comparisons (task.eval.comparisons): does a sampling arm keep more right answers than uniform
+sampling with the same reward? Primary: Δ of the frontier gap (coverage beyond the task SFT model's temperature
+frontier at the run's own pass@1, task_track.gap_draws), with stats.pooled_delta's interval over seeds and items."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from speedrun.eval.stats import ALPHA, holm, mde, non_inferiority, permutation_p, pooled_delta, runs_needed
+from speedrun.eval.task_track import column_mean, gap_draws, item_draws, per_item
+
+
+def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFrame]], comparisons: list[str],
+                 n_boot: int, seed: int, k_values: tuple[int, ...], margin_share: float, mde_share: float) -> dict:
+    """Each "a:b" of `comparisons` (a treatment against b, its uniform-sampling arm): Δ of the frontier gap overall
+    (the primary: Holm over the comparisons) and per cluster (each cluster's own frontier; secondary), with
+    stats.pooled_delta's interval (seeds + items), a permutation p over runs, the MDE at these seeds and the seeds
+    per arm for an MDE of `mde_share` x b's collapse (its gap below the frontier). pass@1 under non-inferiority:
+    margin = margin_share x b's pass@1 gain over the SFT model at T = 1 (0 where there is no gain)."""
+    tables = {t: per_item(a, k_values) for t, a in sft.items()}
+    runs = {arm: [per_item(a, k_values) for a in frames] for arm, frames in arms.items()}
+    first = next(iter(tables.values()))
+    groups = {"all": np.arange(len(first))} | {c: np.flatnonzero(first["cluster"].to_numpy() == c)
+                                                for c in sorted(first["cluster"].unique())}
+    sft1 = column_mean(tables.get(1.0, first), groups["all"], "pass@1")
+    out = {}
+    for comp in comparisons:
+        a, b = comp.split(":")
+        res = {"treatment": a, "control": b, "clusters": {}}
+        for name, rows in groups.items():
+            draws = [rows[d] for d in item_draws(len(rows), n_boot, seed, f"task_compare/{name}")]
+            ga, gb = (gap_draws(list(tables.values()), runs[x], draws) for x in (a, b))
+            d = _delta(ga, gb)
+            if name != "all":
+                res["clusters"][name] = d
+                continue
+            collapse = -float(gb[0].mean())
+            m = len(comparisons)
+            res["gap"] = d | {"collapse": round(collapse, 4), "permutation": permutation_p(ga[0], gb[0], seed=seed),
+                              "mde": round(mde(d["between_var"], d["prompt_var"], len(ga[0]), len(ga[0]), m), 4),
+                              "seeds_needed": runs_needed(d["between_var"], d["prompt_var"], len(ga[0]),
+                                                          mde_share * collapse, m) if collapse > 0 else None}
+            pa, pb = (np.array([[column_mean(t, r, "pass@1") for t in runs[x]] for r in draws]) for x in (a, b))
+            gain = float(pb[0].mean()) - sft1
+            margin = margin_share * max(gain, 0.0)
+            p1 = _delta(pa, pb)
+            res["pass@1"] = p1 | {"gain": round(gain, 4), "margin": round(margin, 4),
+                                  "verdict": non_inferiority(p1["ci_low"], p1["ci_high"], margin)}
+        out[comp] = res
+    adjusted = holm({c: r["gap"]["p"] for c, r in out.items()})
+    for c, r in out.items():
+        r["gap"]["p_holm"] = round(adjusted[c], 4)
+        r["gap"]["called"] = bool(adjusted[c] <= ALPHA)
+    return out
+
+
+def _delta(a: np.ndarray, b: np.ndarray) -> dict:
+    """stats.pooled_delta of two [draw, run] matrices (row 0 the full item set), rounded for the JSON."""
+    d = pooled_delta(a[0], b[0], a[1:], b[1:])
+    return {k: ((round(v, 6) if math.isfinite(v) else None) if isinstance(v, float) else v) for k, v in d.items()}
