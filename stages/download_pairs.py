@@ -1,6 +1,6 @@
 """Stage download_pairs: preference pairs from every source in pairs.only -> data/pairs/{pairs.parquet,stats.json}.
 
-Real data (needs the hub):  python -m stages.download_pairs -S pairs.only=hh,uf,se,embedded
+Real data (needs the hub):  python -m stages.download_pairs -S 'pairs.only=[hh,uf,se,embedded]'
                             -S pairs.limit_per_source=20000 (a local mirror dir works for pairs.hh_path etc.)"""
 from speedrun.common import write_json
 from speedrun.data import pairs, pairs_embedded, pairs_hh, pairs_se, pairs_uf
@@ -13,11 +13,7 @@ PATHS = {"objects": "data/corpus/objects.parquet", "out_dir": "data/pairs"}
 
 def main(p, io) -> None:
     c = p.pairs
-    wanted = [s.strip() for s in c.only.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in pairs.SOURCES]
-    if unknown or not wanted:
-        raise SystemExit(f"error: params.yaml: pairs.only: expected a comma list of {', '.join(pairs.SOURCES)}, "
-                         f"got {c.only!r}")
+    wanted = c.only  # a list of known sources: checked at load (speedrun.params)
     make = {
         "hh": lambda: pairs_hh.source(c.hh_path),
         "uf": lambda: pairs_uf.source(c.uf_path),

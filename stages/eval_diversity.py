@@ -2,14 +2,16 @@
 prompts (same seeds, same sampler), score them, compare the variants over their training seeds, write the report.
 
 Before the comparison: the temperature control (can each primary metric see diversity? one that cannot is dropped
-from the primary list). Beside it: the gold-checked task on the held-out modules (pass@1, pass@k, coverage)."""
+from the primary list). Beside it: the gold-checked task on the held-out modules (pass@1, pass@k, coverage).
+A killed evaluation's rerun reads the models it had finished back from scratch/eval (same settings and inputs only)."""
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, read_json, write_json, write_parquet
+from speedrun.common import files_digest, pick_device, read_json, write_json, write_parquet
 from speedrun.data.docstrings import load_objects
 from speedrun.data.gold import distractor_pool, gold_items
 from speedrun.eval import diversity as dv
@@ -34,7 +36,8 @@ PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs
          "corpus_train": "data/corpus/train.parquet", "objects": "data/corpus/objects.parquet",
          "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
          "samples_out": "outs/eval/samples.parquet", "result_out": "outs/eval/result.json",
-         "metrics": "reports/metrics/diversity.json", "report": "reports/report.md", "fig_dir": "reports/figures"}
+         "metrics": "reports/metrics/diversity.json", "report": "reports/report.md", "fig_dir": "reports/figures",
+         "scratch_dir": "scratch/eval"}
 
 
 def rm_summary(rm_dir: Path) -> str:
@@ -59,11 +62,7 @@ def main(p, io) -> None:
     c = p.eval
     sampling = {name: p.grpo.variants[name].sampling for name in p.grpo.run}
     seeds_trained = p.grpo.seeds
-    pairs_list = [tuple(x.split(":")) for x in c.comparisons.split(",") if x]
-    for x in pairs_list:
-        if len(x) != 2 or any(v not in sampling for v in x):
-            raise SystemExit(f"error: params.yaml: eval.comparisons: {':'.join(x)!r} is not a:b of the variants "
-                             f"grpo.run trains {sorted(sampling)}")
+    pairs_list = [tuple(x.split(":")) for x in c.comparisons]  # a:b of grpo.run arms: checked at load
     dev = pick_device(p.compute.device)
     use_shapes(p.compute.width_step, dev)
     tok = tokenizer_lib.load(io.tokenizer_dir)
@@ -78,12 +77,16 @@ def main(p, io) -> None:
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
     rm = RewardModel.load(io.rm_dir, dev, tok.digest)
     vocab = dv.ngram_vocab(pd.read_parquet(io.corpus_train, columns=["text"])["text"].tolist())  # EAD's fixed V
-    configured = [x for x in c.primary.split(",") if x]
+    configured = list(c.primary)
 
     # the temperature control first: which primaries can see diversity at all
     temps = {f"sft@T{t:g}": t for t in c.control_temperatures}
+    # each finished model's samples kept in scratch until the stage ends: a killed evaluation does not sample it again
+    resume = {"resume": io.scratch_dir, "fingerprint": f"eval|{p.digest()}|{dev}|"
+              f"{files_digest(io.prompts, io.pairs, io.rm_dir, io.tokenizer_dir)}"}
     control_samples = pd.concat([sample_models({name: io.sft_dir}, tok, rm, df, ids, None, c.seeds,
-                                               c.samples_per_prompt, c.max_new_tokens, t, c.top_p, p.seed, dev)
+                                               c.samples_per_prompt, c.max_new_tokens, t, c.top_p, p.seed, dev,
+                                               **resume)
                                  for name, t in temps.items()], ignore_index=True)
     embedder, _ = load_model(io.sft_dir, dev, tok.digest)  # one fixed embedder for every model's responses
     control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), dev)
@@ -100,7 +103,8 @@ def main(p, io) -> None:
     # the SFT model at the evaluation temperature drew exactly these responses in the control: not drawn twice
     same = control_samples[control_samples["model"] == f"sft@T{c.temperature:g}"].drop(columns="embedding")
     samples = sample_models(models, tok, rm, df, ids, io.pairs, c.seeds, c.samples_per_prompt, c.max_new_tokens,
-                            c.temperature, c.top_p, p.seed, dev, drawn={"sft": same} if len(same) else None)
+                            c.temperature, c.top_p, p.seed, dev, drawn={"sft": same} if len(same) else None,
+                            **resume)
     write_parquet(io.samples_out, samples)
     samples["embedding"] = embed_texts(embedder, tok, samples["text"].tolist(), dev)  # for the Vendi score only
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
@@ -149,6 +153,7 @@ def main(p, io) -> None:
     md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra,
                       lead_sections=lead)
     print("eval: " + "\n".join(line for line in md.splitlines() if line.startswith("**") and " vs " in line))
+    shutil.rmtree(io.scratch_dir, ignore_errors=True)  # done: the next run samples afresh
 
 
 if __name__ == "__main__":

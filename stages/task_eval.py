@@ -32,11 +32,6 @@ def main(p, io) -> None:
     tok = tokenizer_lib.load(io.tokenizer_dir)
     items = [i for i in task.load_items(io.items) if i.split == "eval"]
     k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
-    for comp in c.comparisons:  # before any sampling: a typo here would otherwise cost the whole evaluation
-        sides = comp.split(":")
-        if len(sides) != 2 or any(s not in p.task.run for s in sides) or sides[0] == sides[1]:
-            raise ValueError(f"task.eval.comparisons: {comp!r} must be 'treatment:control', two different arms of "
-                             f"task.run {p.task.run}")
 
     def answers(name: str, ckpt, temperature: float) -> pd.DataFrame:
         model, _ = load_model(ckpt, dev, tok.digest)

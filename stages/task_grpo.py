@@ -35,8 +35,8 @@ def load_task_rm(rm_dir, device: str) -> RewardModel:
     """The reward model, refused when it never trained on the task pairs: the arm would follow a blind reward."""
     rm = RewardModel.load(rm_dir, device)
     require_reward_signal(rm.head.weight, rm.reward_std, str(rm_dir))
-    kinds = read_json(rm_dir / "meta.json").get("train_kinds", "")
-    if kinds != "all" and "task" not in {k.strip() for k in kinds.split(",")}:
+    kinds = read_json(rm_dir / "meta.json").get("train_kinds", [])
+    if not {"all", "task"} & set(kinds):
         raise SystemExit(f"{rm_dir}: trained on pair kinds {kinds!r}, not on the task pairs: add task to "
                          "task.rm.train_kinds for the rm arm")
     return rm

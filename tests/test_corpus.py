@@ -100,7 +100,7 @@ def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):
     sft.embedded_qa.cache_clear()
     convs = sft.embedded_conversations(objects_file, 0.1, 0.1, seed=0, per_object=1)
     assert len(convs["train"]) > 1000
-    call_stage("download_pairs", "-S", "pairs.only=embedded", "-S", "pairs.limit_per_source=100", "--objects",
+    call_stage("download_pairs", "-S", "pairs.only=[embedded]", "-S", "pairs.limit_per_source=100", "--objects",
                objects_file, "--out-dir", tmp_path / "pairs")
     assert 90 <= len(pd.read_parquet(tmp_path / "pairs" / "pairs.parquet")) <= 100  # 100 rows read, some skipped
     sft.embedded_qa.cache_clear()

@@ -70,6 +70,13 @@ def test_every_stage_declares_the_code_it_imports():
     assert not missing, "\n".join(missing)
 
 
+def test_every_stage_waits_for_the_params_check():
+    """DVC orders stages by their deps: depending on preflight's output is what makes the check run first."""
+    late = [name for name, spec in stage_specs().items()
+            if name != "preflight" and "outs/preflight.txt" not in spec.get("deps", [])]
+    assert not late, f"stages that could start before params.yaml is checked: {late}"
+
+
 def test_the_checker_sees_indirect_imports():
     files = {f.relative_to(REPO).as_posix() for f in transitive(REPO / "stages/grpo.py")}
     # stages/grpo.py -> speedrun.rl.trainer -> speedrun.engine -> speedrun.model

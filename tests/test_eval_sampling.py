@@ -47,3 +47,21 @@ def test_a_model_sampled_with_the_same_sampler_is_reused_exactly(setup):
     reused = sample_models({"sft": ckpt}, tok, rm, prompts, ids, pairs, **kw, drawn={"sft": control})
     assert len(fresh) == 2 * 3 * 3 and fresh["ref_logprob"].notna().all() and fresh["prompt_gain"].notna().all()
     pd.testing.assert_frame_equal(reused, fresh)  # text, reward, order and the reference log-likelihood
+
+
+def test_a_killed_evaluation_reads_its_finished_models_back(setup, tmp_path, monkeypatch):
+    """Rows kept in the resume dir come back exactly, without sampling; another setting or checkpoint samples."""
+    from speedrun.eval import sampling
+    tok, gpt, ckpt, rm, prompts, ids, pairs = setup
+    kw = dict(seeds=1, samples_per_prompt=2, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=7, device="cpu")
+    first = sample_models({"sft": ckpt}, tok, rm, prompts, ids, pairs, **kw, resume=tmp_path, fingerprint="a")
+    assert len(list(tmp_path.glob("sft-*.parquet"))) == 1
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("sampled again")
+
+    monkeypatch.setattr(sampling, "sample_model", no_sampling)
+    again = sample_models({"sft": ckpt}, tok, rm, prompts, ids, pairs, **kw, resume=tmp_path, fingerprint="a")
+    pd.testing.assert_frame_equal(again, first)
+    with pytest.raises(AssertionError, match="sampled again"):  # other settings: a new key
+        sample_models({"sft": ckpt}, tok, rm, prompts, ids, pairs, **kw, resume=tmp_path, fingerprint="b")

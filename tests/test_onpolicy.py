@@ -97,7 +97,7 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
     assert m["best_step"] > 0 and m["reward_std"] > 0 and m["train_pairs_left_out"] == {}
 
     # trained on the on-policy kind alone: the other kinds are left out of training (counted), still scored
-    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only", "-S", f"rm.train_kinds={onpolicy.KIND}",
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only", "-S", f"rm.train_kinds=[{onpolicy.KIND}]",
                                            more_pairs=[tmp_path / "on/pairs.parquet"]))
     only = json.loads((tmp_path / "only/rm.json").read_text())
     train = both[both["split"] == "train"]
@@ -106,7 +106,7 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
                                             if k != onpolicy.KIND}
     assert set(only["by_kind"]) == set(m["by_kind"]) and only["val_pairs"] == m["val_pairs"]
     proc = subprocess.run([sys.executable, "-m", "stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "none"),
-                           "-S", "rm.train_kinds=uf"], cwd=REPO, capture_output=True, text=True)
+                           "-S", "rm.train_kinds=[uf]"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "no usable 'train' and 'val' pairs of kinds 'uf'" in proc.stderr
 
 

@@ -37,7 +37,7 @@ def hub(tmp_path_factory):
 
 
 def hub_args(root, *extra):
-    return [*sets("pairs.only=hh,uf,se", f"pairs.hh_path={root / 'hh'}", f"pairs.uf_path={root / 'uf'}",
+    return [*sets("pairs.only=[hh,uf,se]", f"pairs.hh_path={root / 'hh'}", f"pairs.uf_path={root / 'uf'}",
                   f"pairs.se_path={root / 'se'}", "pairs.se_max_pairs_per_question=3"), *extra]
 
 
@@ -95,15 +95,16 @@ def test_limit_per_source_reads_every_split_in_turn(hub, tmp_path):
 
 def test_source_flags_and_help(hub, tmp_path):
     root, _ = hub
-    got, stats = run(tmp_path / "uf", *sets("pairs.only=uf", f"pairs.uf_path={root / 'uf'}"))
+    got, stats = run(tmp_path / "uf", *sets("pairs.only=[uf]", f"pairs.uf_path={root / 'uf'}"))
     assert set(stats["sources"]) == {"uf"} and {p["src"] for p in got} == {"uf"}
-    _, stats = run(tmp_path / "se", *sets("pairs.only=se", f"pairs.se_path={root / 'se'}",
+    _, stats = run(tmp_path / "se", *sets("pairs.only=[se]", f"pairs.se_path={root / 'se'}",
                                           "pairs.se_data_dir=data/math.stackexchange.com"))
     assert set(stats["sources"]) == {"se"} and stats["sources"]["se"]["rows_read"] == 2
-    got, stats = run(tmp_path / "two", *sets("pairs.only=se,uf", f"pairs.uf_path={root / 'uf'}", f"pairs.se_path={root / 'se'}"))
+    got, stats = run(tmp_path / "two", *sets("pairs.only=[se,uf]", f"pairs.uf_path={root / 'uf'}", f"pairs.se_path={root / 'se'}"))
     assert set(stats["sources"]) == {"uf", "se"} and {p["src"] for p in got} == {"uf", "se"}
-    assert "pairs.only" in str(run(tmp_path / "x", "-S", "pairs.only=nope", ok=False))
-    assert "pairs.only" in str(run(tmp_path / "x", "-S", "pairs.only=''", ok=False))
+    assert "pairs.only[0]" in str(run(tmp_path / "x", "-S", "pairs.only=[nope]", ok=False))
+    assert "pairs.only" in str(run(tmp_path / "x", "-S", "pairs.only=[]", ok=False))
+    assert "write [hh,uf]" in str(run(tmp_path / "x", "-S", "pairs.only=hh,uf", ok=False))  # not DVC's sweep form
     help_text = subprocess.run([sys.executable, "-m", "stages.download_pairs", "--help"], cwd=REPO,
                                capture_output=True, text=True).stdout
     for key in ("pairs.only", "pairs.limit_per_source", "pairs.hh_path", "pairs.uf_path", "pairs.se_path",
@@ -116,7 +117,7 @@ def test_unparsable_file_fails_naming_it(hub, tmp_path):
     shutil.copytree(root / "hh", tmp_path / "hh")
     bad = tmp_path / "hh/helpful-online/test.jsonl.gz"
     bad.write_bytes(b"not gzip at all")
-    res = run(tmp_path / "out", *sets("pairs.only=hh", f"pairs.hh_path={tmp_path / 'hh'}"), ok=False)
+    res = run(tmp_path / "out", *sets("pairs.only=[hh]", f"pairs.hh_path={tmp_path / 'hh'}"), ok=False)
     assert str(bad) in str(res)
     assert not (tmp_path / "out/pairs.parquet").exists()
 

@@ -28,6 +28,9 @@ def module_of(stage: dict) -> str:
 def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
     stage = STAGES[name].get("do", STAGES[name])
     reads = [r.format(**IDS) for r in importlib.import_module(f"stages.{module_of(STAGES[name])}").READS]
+    if name == "preflight":  # the one stage that tracks the whole file, keys no stage reads included
+        assert stage["params"] == [{"params.yaml": None}] and reads == []
+        return
     assert sorted(stage["params"]) == sorted(reads)
 
 
@@ -66,10 +69,30 @@ def test_the_committed_params_load_and_every_knob_has_help():
     ("grpo.variants={'tic_0.5': {sampling: uniform, reward: rm, tic_bonus: 0.5, tic_scope: all, entropy_bonus: 0.0}}",
      "grpo.variants.tic_0.5: a name of letters, digits, '_' and '-' only"),
     ("adversarial.cycles={'../x': {prev: 0, init: outs/pretrain}}", "adversarial.cycles.../x: a name of letters"),
+    ("eval.control_temperatures=[0.4, -1.0]", "eval.control_temperatures[1]: must be > 0, got -1.0"),  # list items
+    ("pairs.only=[hh, nope]", "pairs.only[1]: expected one of hh, uf, se, embedded, got 'nope'"),
+    ("pairs.only=hh,uf,se", "pairs.only: expected a list, got the string 'hh,uf,se': write [hh,uf,se]"),
+    ("eval.primary=ead_1_first,distinct_2_first", "eval.primary: expected a list, got the string"),
+    ("eval.comparisons=['density:nope']", "eval.comparisons[0]: 'density:nope' must be 'a:b', two different arms of "
+                                          "grpo.run"),
+    ("task.eval.comparisons=['density:density']", "task.eval.comparisons[0]: 'density:density' must be 'a:b'"),
+    ("task.run=[checker, nope]", "task.run[1]: 'nope' is not one of task.variants"),
 ])
 def test_a_bad_override_names_its_key(override, message):
     with pytest.raises(params.ParamsError, match=re.escape(message)):
         params.load(REPO / "params.yaml", [override])
+
+
+def test_a_list_knob_is_one_dvc_experiment_and_a_comma_string_a_sweep():
+    """DVC's own -S parser: the list form is one run with three sources; the comma form is a sweep of three runs,
+    which is why a list knob refuses a comma string (above) instead of reading it as one value."""
+    from dvc.utils.cli_parse import to_path_overrides
+    from dvc.utils.hydra import get_hydra_sweeps
+
+    one = get_hydra_sweeps(to_path_overrides(["pairs.only=[hh,uf,se]"]))
+    assert len(one) == 1
+    assert params.load(REPO / "params.yaml", one[0]["params.yaml"]).pairs.only == ["hh", "uf", "se"]
+    assert len(get_hydra_sweeps(to_path_overrides(["pairs.only=hh,uf,se"]))) == 3
 
 
 def test_params_read_as_dvc_reads_them(tmp_path):

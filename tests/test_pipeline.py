@@ -29,7 +29,7 @@ MICRO_DAG = {
     "grpo.train.max_new_tokens": 8, "grpo.train.pool": 6,  # 2 steps x 2 prompts from a pool of 6
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
     "eval.n_boot": 20, "grpo.seeds": [1, 2],  # two seeds: the smallest verdict; the test adds a third
-    "grpo.run": ["density", "baseline", "tic_2"], "eval.comparisons": "density:baseline,tic_2:baseline",  # a control
+    "grpo.run": ["density", "baseline", "tic_2"], "eval.comparisons": ["density:baseline", "tic_2:baseline"],  # a control
     "eval.control_temperatures": [0.05, 5.0],  # extreme: a micro model must still order them
     "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
     "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
@@ -219,24 +219,42 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
 
     # one more adversarial cycle runs that cycle and the adversarial evaluation, nothing else
     set_params(repo, {"adversarial.cycles.3": {"prev": 2, "init": "outs/adv/cycle_2/policy"}})
-    assert ran(dvc(repo, "repro")) == {"adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
+    assert ran(dvc(repo, "repro")) == {"preflight", "adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
     assert set(json.loads((repo / "reports/metrics/adversarial.json").read_text())["cycles"]) == {"1", "2", "3"}
 
     # one more training seed trains only that seed's runs, then evaluates every run
     set_params(repo, {"grpo.seeds": [1, 2, 3]})
-    assert ran(dvc(repo, "repro")) == {"grpo@density-3", "grpo@baseline-3", "grpo@tic_2-3", "eval_diversity"}
+    assert ran(dvc(repo, "repro")) == {"preflight", "grpo@density-3", "grpo@baseline-3", "grpo@tic_2-3",
+                                       "eval_diversity"}
     assert "(3 vs 3 GRPO training seeds)" in (repo / "reports/report.md").read_text()
 
     # a knob that once had its default in code reaches its stage through `dvc exp run -S`, and only that stage
-    assert ran(dvc(repo, "exp", "run", "-S", "eval.max_prompt_len=32")) == {"eval_diversity"}
+    assert ran(dvc(repo, "exp", "run", "-S", "eval.max_prompt_len=32")) == {"preflight", "eval_diversity"}
     # a failed evaluation leaves the last report in place (its cache: false outputs are persist)
     report = (repo / "reports/report.md").read_bytes()
-    set_params(repo, {"eval.comparisons": "density:nope"})
+    set_params(repo, {"eval.comparisons": ["density:nope"]})
     res = subprocess.run([sys.executable, "-m", "dvc", "repro", "eval_diversity"], cwd=repo, capture_output=True,
                          text=True, env=dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"),
                                              PYTHONPATH=str(repo / "src")))
     assert res.returncode != 0 and "eval.comparisons" in res.stdout + res.stderr
     assert (repo / "reports/report.md").read_bytes() == report
+
+    # a key no stage reads, in the file or added with -S +key, stops DVC at the check before any stage loses an output
+    set_params(repo, {"eval.comparisons": ["density:baseline", "tic_2:baseline"]})
+    kept = {a: (repo / a).read_bytes() for a in ("reports/metrics/diversity.json", "reports/task.md",
+                                                  "outs/eval/result.json", "outs/grpo/density_s1/model.pt")}
+    good = (repo / "params.yaml").read_text()
+    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), PYTHONPATH=str(repo / "src"))
+    (repo / "params.yaml").write_text(good + "betta: 0.1\n")
+    for cmd in (["repro"], ["exp", "run", "-S", "grpo.train.lr=0.5"]):
+        res = subprocess.run([sys.executable, "-m", "dvc", *cmd], cwd=repo, capture_output=True, text=True, env=env)
+        assert res.returncode != 0 and "betta: unknown key" in res.stdout + res.stderr, res.stdout + res.stderr
+        assert ran(res.stdout) == {"preflight"}, res.stdout
+    (repo / "params.yaml").write_text(good)
+    res = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "-S", "+betta=0.1"], cwd=repo,
+                         capture_output=True, text=True, env=env)
+    assert res.returncode != 0 and "betta: unknown key" in res.stdout + res.stderr, res.stdout + res.stderr
+    assert ran(res.stdout) == {"preflight"} and all((repo / a).read_bytes() == b for a, b in kept.items())
 
 
 def test_grpo_plots_cover_every_run_of_params():

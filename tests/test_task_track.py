@@ -160,13 +160,13 @@ def test_the_rm_arm_refuses_a_reward_model_that_never_saw_the_task(tmp_path):
     rm = RewardModel.from_gpt(GPT(GPTConfig(vocab_size=64, depth=1, n_embd=32, head_dim=16, seq_len=32)))
     with torch.no_grad():
         rm.head.weight.fill_(0.1)  # a trained head: not the constant-reward refusal
-    for kinds in ("sft_sample", "sft_sample,task"):
-        save_model(tmp_path / kinds, rm.state_dict(), rm.config, {"tokenizer": "t", "reward_mean": 0.0,
+    for kinds in (["sft_sample"], ["sft_sample", "task"]):
+        save_model(tmp_path / "_".join(kinds), rm.state_dict(), rm.config, {"tokenizer": "t", "reward_mean": 0.0,
                                                                    "reward_std": 1.0, "max_len": 32,
                                                                    "train_kinds": kinds})
     with pytest.raises(SystemExit, match="not on the task pairs: add task to task.rm.train_kinds"):
         load_task_rm(tmp_path / "sft_sample", "cpu")
-    assert load_task_rm(tmp_path / "sft_sample,task", "cpu").max_len == 32
+    assert load_task_rm(tmp_path / "sft_sample_task", "cpu").max_len == 32
 
 
 def test_arm_comparison_calls_a_coverage_difference_and_not_a_null():

@@ -112,7 +112,7 @@ class SFTConfig(TrainConfig):
 
 @dataclass(frozen=True)
 class PairsConfig:
-    only: str = knob("comma list of the sources read: hh, uf, se, embedded")
+    only: list[Literal["hh", "uf", "se", "embedded"]] = knob("the sources read, of hh, uf, se, embedded (a YAML list: -S 'pairs.only=[hh,uf,se]')")
     limit_per_source: int = knob("rows read per source, in turn from each of its splits (0 = all); streamed", ge=0)
     hh_path: str = knob("Anthropic/hh-rlhf: hub id or a local dir mirroring the hub layout")
     uf_path: str = knob("HuggingFaceH4/ultrafeedback_binarized: hub id or a local mirror")
@@ -146,8 +146,8 @@ class OnpolicyConfig:
 @dataclass(frozen=True, kw_only=True)
 class RMConfig(TrainConfig):
     """The preference reward model (speedrun.reward.train_rm)."""
-    train_kinds: str = knob("comma list of pair kinds trained on (sft_sample, hard, random, hh, uf, se; task for "
-                            "task.rm) or all; every kind of the validation split is scored")
+    train_kinds: list[str] = knob("pair kinds trained on (sft_sample, hard, random, hh, uf, se; task for task.rm), "
+                                  "or [all]; every kind of the validation split is scored")
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "
                                          "response")
     train_last_blocks: int = knob("trunk blocks trained with the head, from the top (0 = head only)", ge=0)
@@ -247,8 +247,8 @@ class GRPOSection:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    comparisons: str = knob("comma list of a:b variant pairs; the report tests a - b over the training seeds")
-    primary: str = knob("comma list of the primary diversity outcomes (Holm); the rest are secondary")
+    comparisons: list[str] = knob("'a:b' pairs of grpo.run variants; the report tests a - b over the training seeds")
+    primary: list[str] = knob("the primary diversity outcomes (Holm); the rest are secondary")
     match_words: int = knob("length-matched metrics (EAD-1, distinct-2, self-BLEU-4 with '_first'): each response's "
                             "first N words only (0 = not computed)", ge=0)
     reward_keep: float = knob("reward non-inferiority: a keeps at least this share of b's reward gain over SFT "
@@ -262,7 +262,7 @@ class EvalConfig:
     top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
     n_boot: int = knob("bootstrap draws for the intervals", ge=1)
     control_temperatures: list[float] = knob("the SFT model is sampled at each: a primary metric must order them "
-                                             "(Spearman >= 0.9) or it leaves the primary list")
+                                             "(Spearman >= 0.9) or it leaves the primary list", gt=0)
     task_samples: int = knob("answers per gold-task item and model (pass@k and coverage@k use all of them)", ge=2)
     task_max_new_tokens: int = knob("gold-task answer token budget", ge=1)
     task_margin: float = knob("non-inferiority margin of gold-task pass@1 (absolute share of right answers)", ge=0)
@@ -294,7 +294,7 @@ class TaskEvalConfig:
     samples: int = knob("answers per eval item and model: pass@k for k up to this, coverage@this", ge=2)
     max_new_tokens: int = knob("answer token budget", ge=1)
     temperatures: list[float] = knob("the task SFT model is sampled at each: its pass@1-versus-coverage frontier "
-                                     "(the arms are sampled at task.train.temperature)")
+                                     "(the arms are sampled at task.train.temperature)", gt=0)
     n_boot: int = knob("bootstrap draws over eval items for the intervals", ge=1)
     comparisons: list[str] = knob("'treatment:control' pairs of task.run arms tested on the primary, Δ coverage beyond "
                                   "the SFT frontier (Holm over the pairs); the control samples uniformly")

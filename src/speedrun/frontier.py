@@ -136,8 +136,8 @@ def main(
     if not exps:
         raise typer.BadParameter(f"no experiment holds {METRICS_FILE} yet: run `dvc repro` or `dvc queue start`")
     if not metric:
-        primary = str(_param(exps[0]["params"], "eval.primary") or "")
-        metric = primary.split(",")[0] if primary else "ead_1"
+        primary = _param(exps[0]["params"], "eval.primary") or ""  # a list; a comma string before lists
+        metric = (primary.split(",") if isinstance(primary, str) else primary)[0] if primary else "ead_1"
     points = frontier_points(exps, metric, sweep)
     if not points:
         raise typer.BadParameter(f"no '<variant>_vs_sft' block with {metric!r} and reward in {METRICS_FILE} "

@@ -72,11 +72,23 @@ def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
         if given:
             raise ParamsError(f"-S {given[-1]}: {str(e).removeprefix(f'{path}: ')}") from None
         raise
-    for i, name in enumerate(params.grpo.run):  # the one check across sections: an arm must be defined
-        if name not in params.grpo.variants:
-            _fail(str(path), f"grpo.run[{i}]", f"{name!r} is not one of grpo.variants "
-                  f"({', '.join(params.grpo.variants)})")
+    cross_check(params, str(path))
     return params
+
+
+def cross_check(p: Params, where: str) -> None:
+    """The checks across keys: every arm run is defined, every compared arm is run."""
+    for run, defined in (("grpo.run", p.grpo.variants), ("task.run", p.task.variants)):
+        for i, name in enumerate(value_at(p, run)):
+            if name not in defined:
+                _fail(where, f"{run}[{i}]", f"{name!r} is not one of {run.split('.')[0]}.variants "
+                      f"({', '.join(defined)})")
+    for key, run in (("eval.comparisons", p.grpo.run), ("task.eval.comparisons", p.task.run)):
+        for i, comp in enumerate(value_at(p, key)):
+            sides = comp.split(":")
+            if len(sides) != 2 or sides[0] == sides[1] or any(s not in run for s in sides):
+                _fail(where, f"{key}[{i}]", f"{comp!r} must be 'a:b', two different arms of "
+                      f"{'grpo.run' if key == 'eval.comparisons' else 'task.run'} ({', '.join(run)})")
 
 
 def _fail(where: str, key: str, message: str) -> typing.NoReturn:
@@ -109,6 +121,9 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
             _fail(where, key, f"expected one of {', '.join(map(str, args))}, got {value!r}")
         return value
     if origin is list:
+        if isinstance(value, str) and "," in value:  # DVC's -S reads a,b,c as a sweep of three runs, not one list
+            _fail(where, key, f"expected a list, got the string {value!r}: write [{value}] (with dvc exp run: "
+                  f"-S '{key}=[{value}]')")
         if not isinstance(value, list):
             _fail(where, key, f"expected a list, got {value!r}")
         items = [build(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -139,6 +154,10 @@ RANGES = ("ge", "gt", "le", "lt")
 
 def check_range(f: dataclasses.Field, value: Any, where: str, key: str) -> None:
     m = f.metadata
+    if isinstance(value, list):  # a bound on a list knob bounds each item
+        for i, v in enumerate(value):
+            check_range(f, v, where, f"{key}[{i}]")
+        return
     if isinstance(value, float) and not math.isfinite(value) and any(m.get(b) is not None for b in RANGES):
         _fail(where, key, f"must be a finite number, got {value!r}")
     for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from speedrun.common import stable_seed
+from speedrun.common import files_digest, stable_hash, stable_seed, write_parquet
 from speedrun.engine import completion_texts, generate, left_pad
 from speedrun.model import GPT
 from speedrun.progress import Progress
@@ -122,14 +122,24 @@ def embed_texts(model: GPT, tok: Tokenizer, texts: list[str], device: str, batch
 def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
                   ids: list[list[int]], pairs_path: Path | None, seeds: int, samples_per_prompt: int,
                   max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str,
-                  drawn: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+                  drawn: dict[str, pd.DataFrame] | None = None, resume: Path | None = None,
+                  fingerprint: str = "") -> pd.DataFrame:
     """sample_model for every checkpoint dir of `models` ({name: dir}); with pairs_path, each row also carries
     the model's log-likelihood of its prompt's reference answer (capability kept?) and its prompt gain on that answer
     (does the model read its prompt? prompt_gain). drawn: {name: rows} a model already drew with this very
-    sampler (same generators, so sampling again gives the same rows): reused."""
+    sampler (same generators, so sampling again gives the same rows): reused. resume: a scratch dir where each
+    finished model's rows are kept under a key of `fingerprint` (the caller's settings and inputs), the model's name,
+    checkpoint and temperature: a killed evaluation's rerun reads them back instead of sampling again."""
     rows, ref, swapped, drawn = [], None, None, drawn or {}
     bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
+        key = stable_hash(fingerprint, name, temperature, pairs_path is not None, files_digest(Path(ckpt) / "model.pt"))
+        done = Path(resume) / f"{name}-{key}.parquet" if resume is not None else None
+        if done is not None and done.exists():
+            rows += pd.read_parquet(done).to_dict("records")
+            bar.update(1)
+            bar.log(f"eval: {name} read back from {done} (sampled before the last run stopped)")
+            continue
         model, _ = load_model(Path(ckpt), device, tok.digest)
         per_prompt = {}
         if pairs_path is not None:
@@ -140,11 +150,14 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
                           "prompt_gain": prompt_gain(model, swapped, device)}
         if name in drawn:
             at = {pid: i for i, pid in enumerate(prompts["prompt_id"])}
-            rows += [r | {"model": name} | {k: v[at[r["prompt_id"]]] for k, v in per_prompt.items()}
-                     for r in drawn[name].to_dict("records")]
+            mine = [r | {"model": name} | {k: v[at[r["prompt_id"]]] for k, v in per_prompt.items()}
+                    for r in drawn[name].to_dict("records")]
         else:
-            rows += sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
-                                 temperature, top_p, seed, device, per_prompt)
+            mine = sample_model(name, model, tok, rm, prompts, ids, seeds, samples_per_prompt, max_new_tokens,
+                                temperature, top_p, seed, device, per_prompt)
+        if done is not None:
+            write_parquet(done, pd.DataFrame(mine))
+        rows += mine
         bar.update(1)
         bar.log(f"eval: sampled {name} ({len(prompts)} prompts x {seeds} seeds x {samples_per_prompt})")
     bar.close()

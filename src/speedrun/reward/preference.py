@@ -202,12 +202,11 @@ def split_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> dict[str, tup
     return {split: render_pairs(df[df["split"] == split], tok, max_len) for split in ("train", "val")}
 
 
-def select_kinds(pairs: dict[str, list], kinds: str) -> tuple[dict[str, list], dict[str, int]]:
-    """The rendered pairs whose kind is in the comma list `kinds` ("all": every pair), and the count left out per
-    kind."""
-    if kinds == "all":
+def select_kinds(pairs: dict[str, list], kinds: list[str]) -> tuple[dict[str, list], dict[str, int]]:
+    """The rendered pairs whose kind is in `kinds` (["all"]: every pair), and the count left out per kind."""
+    if "all" in kinds:
         return pairs, {}
-    wanted = {k.strip() for k in kinds.split(",") if k.strip()}
+    wanted = set(kinds)
     keep = [i for i, k in enumerate(pairs["kind"]) if k in wanted]
     left_out = Counter(k for k in pairs["kind"] if k not in wanted)
     return {c: [v[i] for i in keep] for c, v in pairs.items()}, dict(sorted(left_out.items()))
