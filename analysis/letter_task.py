@@ -5,8 +5,8 @@ out by a stable hash, so a held-out question is a pair never trained on. Fine-tu
 pairs' questions, alone or mixed into the embedded SFT conversations at a given share of each batch, and prints the
 held-out pass@1 and coverage (distinct right letters per item) every --every steps, beside the chance rate.
 
-    python bench/letter_task.py --init outs/pretrain --steps 200 --batch 32 --share 1
-    python bench/letter_task.py --init outs/pretrain --steps 400 --batch 64 --share 0.3
+    python analysis/letter_task.py --init outs/pretrain --steps 200 --batch 32 --share 1
+    python analysis/letter_task.py --init outs/pretrain --steps 400 --batch 64 --share 0.3
 Needs outs/tokenizer, outs/pretrain and data/corpus/objects.parquet (`dvc repro pretrain`). Nothing is written.
 """
 import random
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import typer
-from gold_learnability import train_step  # bench/ is the script's directory: on sys.path
+from gold_learnability import train_step  # analysis/ is the script's directory: on sys.path
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib

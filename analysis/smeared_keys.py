@@ -3,12 +3,12 @@ key mixes in the previous position's key by a learned per-head weight, so one la
 last time this token appeared" and copy it, the circuit induction heads otherwise build from two layers.
 
 Pretrains with smeared keys (the pipeline's pretrain stage and params) unless --init is given, then fine-tunes like
-bench/gold_learnability.py on the gold task's training conversations mixed with made-up-module questions (only
+analysis/gold_learnability.py on the gold task's training conversations mixed with made-up-module questions (only
 copying a listed name pays there), and prints every --every steps: the training loss, the copy-probe gain, and
 held-out pass@1, sampled (temperature 1) and greedy, on the real eval items and on fresh made-up questions.
 
-    python bench/smeared_keys.py --steps 400                                  # smeared keys
-    python bench/smeared_keys.py --no-smear --init outs/pretrain --steps 400  # the same fine-tune, plain attention
+    python analysis/smeared_keys.py --steps 400                                  # smeared keys
+    python analysis/smeared_keys.py --no-smear --init outs/pretrain --steps 400  # the same fine-tune, plain attention
 The smear patches the library's attention for full forwards only (no KV cache), so answers are drawn by full
 forwards, one prompt's samples per batch (no padding): exact, slow. Writes only under --scratch.
 Needs outs/tokenizer and data/corpus (`dvc repro pretrain`).
@@ -30,7 +30,7 @@ from speedrun.data.gold import _NAME, check, conversations, distractor_pool, ext
 from speedrun.probe import copy_probe, merged_tokens
 from speedrun.train.checkpoint import load_model
 
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  # bench/ and the stages package
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  # analysis/ and the stages package
 from gold_learnability import made_up, train_step  # noqa: E402
 
 

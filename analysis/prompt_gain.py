@@ -7,7 +7,7 @@ evaluation's order, not only eval.max_prompts, and without leaving out the few w
 trained prompt's). It asks whether a prompt-blind SFT model inherits that from its base model or from the chat
 format, and whether another checkpoint (a longer pretraining) reads its prompt.
 
-    python bench/prompt_gain.py outs/pretrain outs/sft
+    python analysis/prompt_gain.py outs/pretrain outs/sft
 Needs outs/tokenizer, data/corpus and data/prompts (`dvc repro dedup_prompts`). Nothing is written.
 """
 from pathlib import Path

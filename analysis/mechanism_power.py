@@ -4,7 +4,7 @@ from a mixture: with probability q the tic took hold (share ~ N(60, 15) %, clipp
 (~ N(2, 1) %, the SFT model's base rate). Prints, per seeds per arm and per (q_uniform, q_density), the share of
 simulated experiments whose exact permutation test (the report's robustness check) gives p <= 0.05.
 
-    python bench/mechanism_power.py [--sims 300] [--seeds 4,6,8]
+    python analysis/mechanism_power.py [--sims 300] [--seeds 4,6,8]
 The mixture's parameters are read off the 120-step experiment's runs (took hold: 62.5%; not: 0.3-3.9%).
 """
 from __future__ import annotations

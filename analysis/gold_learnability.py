@@ -2,7 +2,7 @@
 (optionally with questions about made-up modules, where only copying a listed name pays) and prints the held-out
 pass@1 and the copy probe every --every steps.
 
-    python bench/gold_learnability.py --init outs/pretrain --steps 500 [--synthetic 20000]
+    python analysis/gold_learnability.py --init outs/pretrain --steps 500 [--synthetic 20000]
 Needs outs/tokenizer and data/corpus/objects.parquet (`dvc repro pretrain`). Nothing is written.
 """
 import random

@@ -5,7 +5,7 @@ the RM whole and cut to its first half of words; the premium is reward(half) - r
 Printed: its mean over prompts under uniform weights and under a density run's weights, and their difference with a
 95% bootstrap interval over prompts. Run from the repository root, on the
 workspace's run or an experiment's (after `dvc exp apply NAME`, which checks its outputs out of the DVC cache):
-python bench/brevity_premium.py outs/tokenizer outs/rm data/onpolicy/pairs.parquet outs/grpo/density_s1/weights.parquet
+python analysis/brevity_premium.py outs/tokenizer outs/rm data/onpolicy/pairs.parquet outs/grpo/density_s1/weights.parquet
 """
 import sys
 
