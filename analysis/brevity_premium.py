@@ -5,7 +5,8 @@ the RM whole and cut to its first half of words; the premium is reward(half) - r
 Printed: its mean over prompts under uniform weights and under a density run's weights, and their difference with a
 95% bootstrap interval over prompts. Run from the repository root, on the
 workspace's run or an experiment's (after `dvc exp apply NAME`, which checks its outputs out of the DVC cache):
-python analysis/brevity_premium.py outs/tokenizer outs/rm data/onpolicy/pairs.parquet outs/grpo/density_s1/weights.parquet
+python analysis/brevity_premium.py outs/tokenizer outs/rm data/onpolicy/pairs.parquet \
+    outs/grpo/density_s1/weights.parquet
 """
 import sys
 
@@ -33,5 +34,6 @@ for _ in range(2000):  # resample prompts; the density weights renormalised on e
     i = rng.integers(0, len(d), len(d))
     boot.append((ww[i] / ww[i].sum() * premium[i]).sum() - premium[i].mean())
 lo, hi = np.percentile(boot, [2.5, 97.5])
-print(f"{len(d)} prompts; premium for half the words: uniform {premium.mean():+.3f}, density {(ww * premium).sum():+.3f}; "
+print(f"{len(d)} prompts; premium for half the words: uniform {premium.mean():+.3f}, "
+      f"density {(ww * premium).sum():+.3f}; "
       f"density - uniform {(ww * premium).sum() - premium.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")

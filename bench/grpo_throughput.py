@@ -87,15 +87,16 @@ def main(
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    result = grpo_train(policy, ref, prompts, lambda step, g: torch.randperm(len(prompts), generator=g)[:prompts_per_step],
-                        lambda batch, s: score_samples(rm, batch, s, pad_id), cfg, device, stop_id=stop_id, pad_id=pad_id,
-                        name="bench")
+    draw = lambda step, g: torch.randperm(len(prompts), generator=g)[:prompts_per_step]  # noqa: E731
+    result = grpo_train(policy, ref, prompts, draw, lambda batch, s: score_samples(rm, batch, s, pad_id), cfg, device,
+                        stop_id=stop_id, pad_id=pad_id, name="bench")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     timed = result.log[1:]  # the first step pays one-off allocation costs
     tok_s = [r["tokens_per_s"] for r in timed]
     sample_frac = sum(r["sample_frac_time"] for r in timed) / len(timed)
     print(f"GRPO step: {sorted(tok_s)[len(tok_s) // 2]:,.0f} completion tok/s (median of {len(timed)} steps; "
-          f"min {min(tok_s):,.0f}, max {max(tok_s):,.0f}); sampling + scoring + reference = {sample_frac:.0%} of a step")
+          f"min {min(tok_s):,.0f}, max {max(tok_s):,.0f}); sampling + scoring + reference = {sample_frac:.0%} "
+          "of a step")
     print(f"all {len(result.log)} steps: {result.completion_tokens / wall:,.0f} tok/s wall, "
           f"{result.completion_tokens / cpu:,.0f} per CPU-second of this process / {threads} threads; "
           f"load average {os.getloadavg()[0]:.2f}")

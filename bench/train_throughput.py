@@ -102,7 +102,7 @@ def main() -> None:
     print(f"device {args.device}, {torch.get_num_threads()} threads; depth {cfg.depth}, width {cfg.n_embd}, "
           f"vocab {cfg.vocab_size}, batch {args.batch} x {cfg.seq_len}, {args.optimizer}; "
           f"{flops_per_token / 1e6:.1f} MFLOP/token")
-    n = 8192 if args.device == "cuda" else 1024  # a GPU needs big products to reach its peak (1024^3: ~1/8 of an H100's)
+    n = 8192 if args.device == "cuda" else 1024  # a GPU needs big products to reach its peak (1024^3: ~1/8 of it)
     peaks = {"fp32": matmul_peak(torch.float32, args.device, n), "bf16": matmul_peak(torch.bfloat16, args.device, n)}
     for name, p in peaks.items():
         print(f"matmul peak {name}: {p / 1e9:,.1f} GFLOP/s (measured)")

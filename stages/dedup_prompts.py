@@ -25,7 +25,8 @@ def main(p, io) -> None:
     write_json(io.out_dir / "stats.json", stats)
     print(f"prompts: {stats['total_pairs']} pairs -> {stats['unique_prompts_exact']} exact-unique prompts -> "
           f"{stats['unique_prompts']} after {stats['near_dup_merges']} near-dup merges; "
-          f"{stats['eval_prompts']} eval / {stats['val_prompts']} val / {stats['train_prompts']} train prompts, {stats['groups']} groups")
+          f"{stats['eval_prompts']} eval / {stats['val_prompts']} val / {stats['train_prompts']} train prompts, "
+          f"{stats['groups']} groups")
 
 
 if __name__ == "__main__":

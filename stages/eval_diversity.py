@@ -44,7 +44,8 @@ def rm_summary(rm_dir: Path) -> str:
     """The RM's held-out accuracy, flagged when it is constant or near chance: then GRPO had little to follow."""
     meta = read_json(rm_dir / "meta.json")
     val = meta["val"]
-    line = f"val pairwise accuracy {val['val_acc']:.3f} on held-out pairs (word-overlap baseline {val['baseline_acc']:.3f})"
+    line = (f"val pairwise accuracy {val['val_acc']:.3f} on held-out pairs (word-overlap baseline "
+            f"{val['baseline_acc']:.3f})")
     kinds = {k: v for k, v in val.get("by_kind", {}).items() if k != "all"}
     if len(kinds) > 1:  # e.g. sft_sample (reference vs the SFT model's own answer), hard, random
         line += "; per kind: " + ", ".join(f"{k} {v['acc']:.3f} (baseline {v['baseline_acc']:.3f}, {v['pairs']} pairs)"

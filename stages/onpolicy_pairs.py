@@ -1,7 +1,7 @@
 """Stage onpolicy_pairs: the SFT model's own answers as rejected responses -> data/onpolicy/{pairs.parquet,
-stats.json}. For every train and val prompt of data/prompts/pairs.parquet (the RM trains on the first, picks its checkpoint on
-the second; the evaluation's prompts are never sampled here): K samples, each a pair with chosen = the prompt's
-reference answer, kind sft_sample; K = 0 writes an empty file."""
+stats.json}. For every train and val prompt of data/prompts/pairs.parquet (the RM trains on the first, picks its
+checkpoint on the second; the evaluation's prompts are never sampled here): K samples, each a pair with chosen =
+the prompt's reference answer, kind sft_sample; K = 0 writes an empty file."""
 import pyarrow.parquet as pq
 
 from speedrun import tokenizer as tokenizer_lib

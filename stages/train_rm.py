@@ -8,7 +8,8 @@ from speedrun.stage import run_stage
 from speedrun.train import distributed
 
 READS = ("seed", "compute", "rm")
-PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"], "init_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer", "scratch_dir": "scratch/rm", "out_dir": "outs/rm",
+PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"], "init_dir": "outs/sft",
+         "tokenizer_dir": "outs/tokenizer", "scratch_dir": "scratch/rm", "out_dir": "outs/rm",
          "metrics": "reports/metrics/rm.json"}
 
 

@@ -155,7 +155,8 @@ SE_SCHEMA = pa.schema([("qid", pa.int64()), ("question", pa.string()), ("answers
 
 
 def _ans(i: int, score, text="<p>Answer {i} with <code>x = {i}</code> &amp; more.</p>"):
-    return {"answer_id": i, "author": f"user{i}", "author_id": 100 + i, "author_profile": f"https://se.example/users/{100 + i}",
+    return {"answer_id": i, "author": f"user{i}", "author_id": 100 + i,
+            "author_profile": f"https://se.example/users/{100 + i}",
             "pm_score": score, "selected": False, "text": text.format(i=i) if isinstance(text, str) else text}
 
 
@@ -227,7 +228,8 @@ def _m(*turns) -> list[dict]:
 def smol_rows(config: str, split: str) -> list[tuple[dict, object]]:
     rows = [
         ({"messages": _m(("user", f"Hi ({config}/{split})"), ("assistant", "Hello!")), "source": "s"}, None),
-        ({"messages": _m(("system", "Be kind."), ("user", "Q"), ("assistant", "A"), ("user", "Q2"), ("assistant", "A2")),
+        ({"messages": _m(("system", "Be kind."), ("user", "Q"), ("assistant", "A"), ("user", "Q2"),
+                         ("assistant", "A2")),
           "source": "s"}, None),
     ]
     if config == "all" and split == "train":

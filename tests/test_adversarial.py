@@ -182,7 +182,8 @@ def test_stages_end_to_end_and_deterministic(tiny_corpus, tmp_path):
                "-S", "adversarial.grpo.prompts_per_step=2", "-S", "adversarial.grpo.group_size=2",
                "--out-dir", str(adv_dir / "policy"), *common)
     run_module("stages.adv_eval", "--adv-dir", str(tmp_path / "adv"), "-S", "adversarial.eval.prompts=8",
-               "-S", f"model.seq_len={N}", "-S", "adversarial.eval.bpb_windows=8", "--metrics", str(tmp_path / "adv.json"),
+               "-S", f"model.seq_len={N}", "-S", "adversarial.eval.bpb_windows=8",
+               "--metrics", str(tmp_path / "adv.json"),
                "--out-md", str(tmp_path / "adv.md"), "--fig-dir", str(tmp_path / "figures"), *common)
     result = read_json(tmp_path / "adv.json")
     c = result["cycles"]["1"]

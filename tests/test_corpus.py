@@ -47,7 +47,7 @@ def test_build_counts_every_document():
 
 def test_embedded_stage_is_deterministic(tmp_path):
     a = run_stage(tmp_path / "a", "-S", "corpus.max_docs=400")
-    b = run_stage(tmp_path / "b", "-S", "corpus.max_docs=400")
+    run_stage(tmp_path / "b", "-S", "corpus.max_docs=400")
     for name in ["train.parquet", "val.parquet", "stats.json"]:
         assert (tmp_path / "a/corpus" / name).read_bytes() == (tmp_path / "b/corpus" / name).read_bytes()
     train, val, stats = a

@@ -1,7 +1,6 @@
 """On-policy rejected answers (stage onpolicy_pairs), the RM training on them, and the rules that keep a constant
 reward model out of GRPO: the best checkpoint is a trained one, and GRPO refuses an RM that scores all the same."""
 import json
-import os
 import subprocess
 import sys
 
@@ -97,7 +96,8 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
     assert m["best_step"] > 0 and m["reward_std"] > 0 and m["train_pairs_left_out"] == {}
 
     # trained on the on-policy kind alone: the other kinds are left out of training (counted), still scored
-    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only", "-S", f"rm.train_kinds=[{onpolicy.KIND}]",
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "only", "-S",
+                                           f"rm.train_kinds=[{onpolicy.KIND}]",
                                            more_pairs=[tmp_path / "on/pairs.parquet"]))
     only = json.loads((tmp_path / "only/rm.json").read_text())
     train = both[both["split"] == "train"]
@@ -116,7 +116,7 @@ def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
     from speedrun.train.loop import train
 
     model = GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8))
-    batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]
+    batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]  # noqa: E731
     losses = iter([0.6931, 0.6925, 0.6918, 0.6915, 0.6917])  # each gain below min_delta
     snapshots = {}
 

@@ -31,7 +31,8 @@ def run(out, *args, ok=True):
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
-    rows = {"hh": mirrors.write_hh(root / "hh"), "uf": mirrors.write_uf(root / "uf"), "se": mirrors.write_se(root / "se")}
+    rows = {"hh": mirrors.write_hh(root / "hh"), "uf": mirrors.write_uf(root / "uf"),
+            "se": mirrors.write_se(root / "se")}
     rows["uf"] = {k: v for k, v in rows["uf"].items() if k.endswith("prefs")}  # sft splits are not read
     return root, rows
 
@@ -100,7 +101,8 @@ def test_source_flags_and_help(hub, tmp_path):
     _, stats = run(tmp_path / "se", *sets("pairs.only=[se]", f"pairs.se_path={root / 'se'}",
                                           "pairs.se_data_dir=data/math.stackexchange.com"))
     assert set(stats["sources"]) == {"se"} and stats["sources"]["se"]["rows_read"] == 2
-    got, stats = run(tmp_path / "two", *sets("pairs.only=[se,uf]", f"pairs.uf_path={root / 'uf'}", f"pairs.se_path={root / 'se'}"))
+    got, stats = run(tmp_path / "two", *sets("pairs.only=[se,uf]", f"pairs.uf_path={root / 'uf'}",
+                                             f"pairs.se_path={root / 'se'}"))
     assert set(stats["sources"]) == {"uf", "se"} and {p["src"] for p in got} == {"uf", "se"}
     assert "pairs.only[0]" in str(run(tmp_path / "x", "-S", "pairs.only=[nope]", ok=False))
     assert "pairs.only" in str(run(tmp_path / "x", "-S", "pairs.only=[]", ok=False))

@@ -65,7 +65,7 @@ def test_the_committed_params_load_and_every_knob_has_help():
     ("grpo.seeds=[1, 1]", "grpo.seeds: expected a non-empty list of distinct values"),
     ("sft.hf_name=", "sft.hf_name: expected a string, got nothing"),
     ("grpo.train.lr=.inf", "grpo.train.lr: must be a finite number, got inf"),
-    ("adversarial.rm.save_every=5", "adversarial.rm.save_every: must be <= 0"),  # it was accepted and did nothing  # infinity passed every range
+    ("adversarial.rm.save_every=5", "adversarial.rm.save_every: must be <= 0"),  # it was accepted and did nothing
     ("grpo.variants={'tic_0.5': {sampling: uniform, reward: rm, tic_bonus: 0.5, tic_scope: all, entropy_bonus: 0.0}}",
      "grpo.variants.tic_0.5: a name of letters, digits, '_' and '-' only"),
     ("adversarial.cycles={'../x': {prev: 0, init: outs/pretrain}}", "adversarial.cycles.../x: a name of letters"),

@@ -29,7 +29,8 @@ MICRO_DAG = {
     "grpo.train.max_new_tokens": 8, "grpo.train.pool": 6,  # 2 steps x 2 prompts from a pool of 6
     "eval.max_prompts": 4, "eval.samples_per_prompt": 2, "eval.seeds": 2, "eval.max_new_tokens": 8,
     "eval.n_boot": 20, "grpo.seeds": [1, 2],  # two seeds: the smallest verdict; the test adds a third
-    "grpo.run": ["density", "baseline", "tic_2"], "eval.comparisons": ["density:baseline", "tic_2:baseline"],  # a control
+    "grpo.run": ["density", "baseline", "tic_2"],
+    "eval.comparisons": ["density:baseline", "tic_2:baseline"],  # a control
     "eval.control_temperatures": [0.05, 5.0],  # extreme: a micro model must still order them
     "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
     "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
@@ -123,7 +124,8 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     out = dvc(repo, "repro")
     stages = ran(out)
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
-              "grpo@density-1", "grpo@density-2", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
+              "grpo@density-1", "grpo@density-2", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1",
+              "adv_grpo@1",
               "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval", "task_data", "task_sft", "task_grpo@checker-1",
               "task_grpo@shuffled-2", "task_grpo@density-2", "task_grpo@rm-1", "task_rm", "task_eval"]:
         assert s in stages, (s, sorted(stages))
@@ -162,12 +164,14 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
 
     # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
     artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "outs/task_sft/model.pt",
-                 "outs/task_grpo/density_s1/model.pt", "reports/metrics/task.json", "data/onpolicy/pairs.parquet", "outs/rm/model.pt",
+                 "outs/task_grpo/density_s1/model.pt", "reports/metrics/task.json", "data/onpolicy/pairs.parquet",
+                 "outs/rm/model.pt",
                  "outs/grpo/density_s1/model.pt", "outs/grpo/baseline_s2/model.pt", "reports/metrics/diversity.json",
                  "data/adv/cycle_1/train.parquet", "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
     digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
     first = digest()
-    forced = ["pretrain", "sft", "task_sft", "task_grpo@density-1", "task_eval", "onpolicy_pairs", "train_rm", "grpo@density-1", "grpo@baseline-2", "eval_diversity",
+    forced = ["pretrain", "sft", "task_sft", "task_grpo@density-1", "task_eval", "onpolicy_pairs", "train_rm",
+              "grpo@density-1", "grpo@baseline-2", "eval_diversity",
               "adv_data@1", "adv_rm@1", "adv_grpo@1"]
     assert ran(dvc(repo, "repro", "-f", "-s", *forced)) == set(forced)  # -s: these stages only, not downstream
     assert digest() == first

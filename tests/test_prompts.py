@@ -82,10 +82,12 @@ def test_stage_outputs(tmp_path):
     assert stats["near_dup_merges"] == 1 and stats["unique_prompts"] == len(uniq) == 7
     trip = uniq[uniq["n_pairs"] == 4].iloc[0]
     assert list(trip["srcs"]) == ["hh", "se", "uf"] and trip["n_variants"] == 2
-    assert trip["prompt_id"] == min(prompts.prompt_id(user(LONG)), prompts.prompt_id(user(LONG.replace("trip", "journey"))))
+    assert trip["prompt_id"] == min(prompts.prompt_id(user(LONG)),
+                                    prompts.prompt_id(user(LONG.replace("trip", "journey"))))
     assert set(uniq["split"]) <= {"train", "val", "eval"}
     assert stats["eval_prompts"] == int((uniq["split"] == "eval").sum())
-    assert sorted(uniq.loc[uniq["srcs"].map(lambda s: "embedded" in s), "group"]) == ["json", "json", "typing", "typing"]
+    embedded = uniq.loc[uniq["srcs"].map(lambda s: "embedded" in s), "group"]
+    assert sorted(embedded) == ["json", "json", "typing", "typing"]
     assert set(uniq.loc[uniq["srcs"].map(lambda s: "embedded" not in s), "group"]) <= {"hh", "uf"}
     # every pair carries its (merged) prompt_id and that prompt's split; the source split is kept
     split_of = dict(zip(uniq["prompt_id"], uniq["split"]))

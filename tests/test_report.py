@@ -32,7 +32,8 @@ def make_samples(kinds: dict[str, tuple[str, float]], n_prompts: int = 10, seeds
             for s in seeds:
                 for j in range(k):
                     rows.append(dict(model=model, prompt_id=f"p{p:02d}", seed=s, sample_idx=j, text=_text(kind, rng),
-                                     reward=float(reward + 0.1 * rng.standard_normal()), prompt=f"What does `f{p}` do?"))
+                                     reward=float(reward + 0.1 * rng.standard_normal()),
+                                     prompt=f"What does `f{p}` do?"))
     return pd.DataFrame(rows)
 
 
@@ -333,8 +334,8 @@ def test_any_number_of_variants_and_comparisons(samples, tmp_path):
     third = samples[samples["model"].isin(RUNS["density"])].assign(
         model=lambda d: d["model"].str.replace("density", "other"))
     runs = RUNS | {"other": [r.replace("density", "other") for r in RUNS["density"]]}
-    res = evaluate(pd.concat([samples, third], ignore_index=True), runs, [("density", "baseline"), ("other", "baseline")],
-                   primary=PRIMARY, n_boot=50)
+    res = evaluate(pd.concat([samples, third], ignore_index=True), runs,
+                   [("density", "baseline"), ("other", "baseline")], primary=PRIMARY, n_boot=50)
     assert [(c["a"], c["b"]) for c in res["comparisons"]] == [("density", "baseline"), ("other", "baseline")]
     assert set(res["vs_reference"]) == {"density", "baseline", "other"}
     assert "other_vs_baseline" in flat_metrics(res)

@@ -25,7 +25,7 @@ def run(steps: int, beta: float = 0.0, inner_updates: int = 1, seed: int = 0, st
     policy, ref = toy_policy(seed), toy_policy(seed)
     prompts = [[1, 2], [1, 3, 4], [1, 6], [1, 7, 8, 9]]
     weights = torch.full((len(prompts),), 0.25, dtype=torch.float64)
-    reward = lambda batch, s: ((s.tokens == TARGET).float() * s.mask).sum(1) / s.mask.sum(1)
+    reward = lambda batch, s: ((s.tokens == TARGET).float() * s.mask).sum(1) / s.mask.sum(1)  # noqa: E731
     cfg = committed("grpo.train", steps=steps, prompts_per_step=2, group_size=8, max_new_tokens=6, lr=3e-2, beta=beta,
                     inner_updates=inner_updates, warmup_steps=1, seed=seed, truncated=truncated, **extra)
     return policy, ref, grpo_train(policy, ref, prompts, lambda step, g: draw_prompts(weights, 2, g), reward, cfg,

@@ -75,7 +75,8 @@ def test_hf_conversations_from_a_local_mirror(smol):
 def test_check_conversation_reasons():
     ok, reason = sft.check_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     assert reason is None and ok[-1]["content"] == "a"
-    assert sft.check_conversation([{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}])[1] == "bad_role_order"
-    assert sft.check_conversation([{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}])[1] == "non_str_content"
+    answer = {"role": "assistant", "content": "a"}
+    assert sft.check_conversation([{"role": "system", "content": "s"}, answer])[1] == "bad_role_order"
+    assert sft.check_conversation([{"role": "user", "content": 3}, answer])[1] == "non_str_content"
     assert sft.check_conversation("not a list")[1] == "not_a_message_list"
     assert sft.check_conversation([{"role": "user", "content": "q"}])[1] == "no_assistant_turn"

@@ -1,4 +1,3 @@
-import pandas as pd
 import pytest
 
 from speedrun import tokenizer as tok

@@ -17,7 +17,8 @@ from speedrun.train.data import StepSampler, pad_conversations, sft_batch_fn
 def pretrain_args(root, out, *extra):
     return ["--corpus-dir", str(root / "corpus"), "--tokenizer-dir", str(root / "tokenizer"), *sets(
             "model.depth=1", "model.head_dim=32", "model.seq_len=32", "pretrain.batch_size=4",
-            "pretrain.warmup_steps=2", "pretrain.eval_windows=4", "pretrain.patience=0"), "--out-dir", str(out / "model"),
+            "pretrain.warmup_steps=2", "pretrain.eval_windows=4", "pretrain.patience=0"),
+            "--out-dir", str(out / "model"),
             "--metrics", str(out / "metrics.json"), "--scratch-dir", str(out / "scratch"), *extra]
 
 
@@ -59,7 +60,8 @@ def test_length_recut_sft_batches_keep_the_step_gradient():
 def kill_after_first_save(args: list[str], resume: Path) -> Path:
     """Start a pretrain run and SIGKILL it as soon as its first resume file appears."""
     proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.time() + 120
     while not resume.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
@@ -128,7 +130,7 @@ def test_nan_loss_stops_training(tmp_path):
     from speedrun.train.loop import train
 
     model = GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8))
-    batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]
+    batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))]  # noqa: E731
     calls = []
 
     def nan_after_two(m, x, y):

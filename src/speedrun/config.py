@@ -112,7 +112,8 @@ class SFTConfig(TrainConfig):
 
 @dataclass(frozen=True)
 class PairsConfig:
-    only: list[Literal["hh", "uf", "se", "embedded"]] = knob("the sources read, of hh, uf, se, embedded (a YAML list: -S 'pairs.only=[hh,uf,se]')")
+    only: list[Literal["hh", "uf", "se", "embedded"]] = knob("the sources read, a YAML list of hh, uf, se, embedded "
+                                                             "(-S 'pairs.only=[hh,uf,se]')")
     limit_per_source: int = knob("rows read per source, in turn from each of its splits (0 = all); streamed", ge=0)
     hh_path: str = knob("Anthropic/hh-rlhf: hub id or a local dir mirroring the hub layout")
     uf_path: str = knob("HuggingFaceH4/ultrafeedback_binarized: hub id or a local mirror")

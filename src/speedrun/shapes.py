@@ -3,8 +3,8 @@
 Why: on a GPU, cuDNN attention builds an execution plan and a CUDA graph is captured per new shape, so a step
 whose shapes change every time (rows ending at different lengths, exact length groups) pays that cost every step.
 Row counts go to a ladder (1, 2, 3, 4, 6, 8, ...) and widths to multiples of a step, so a run meets a few dozen
-shapes, all in its first steps; padding rows and columns are masked out, so the numbers are those of the unpadded forward up to float
-rounding.
+shapes, all in its first steps; padding rows and columns are masked out, so the numbers are those of the unpadded
+forward up to float rounding.
 
     with count_shapes() as shapes:  # every attention call (scaled_dot_product_attention or the static decode
         ...                         # step's written-out attention) records its (kind, query, key) shape

@@ -16,7 +16,8 @@ from speedrun import params as params_lib
 from speedrun.config import Params
 
 
-ID_SECTIONS = {"variant": "grpo.variants", "arm": "task.variants", "cycle": "adversarial.cycles"}  # a run id names an entry of these
+# a run id names an entry of one of these sections
+ID_SECTIONS = {"variant": "grpo.variants", "arm": "task.variants", "cycle": "adversarial.cycles"}
 
 
 def check_ids(run_ids: dict[str, Any], p: Params) -> None:

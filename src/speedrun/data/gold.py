@@ -87,7 +87,8 @@ def conversations(items: list[GoldItem], split: str, per_item: int, seed: int) -
         for _ in range(per_item):
             q = item.prompt(pool, rng)
             listed = [n for n in _NAME.findall(q) if n in item.answers]
-            out.append([{"role": "user", "content": q}, {"role": "assistant", "content": answer_text(rng.choice(listed))}])
+            out.append([{"role": "user", "content": q},
+                        {"role": "assistant", "content": answer_text(rng.choice(listed))}])
     return out
 
 

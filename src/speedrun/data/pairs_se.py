@@ -133,8 +133,8 @@ def parser(max_pairs: int, answers_skipped: Counter):
             raise Skip("no_strict_preference")
         # widest score gap first; equal gaps in a stable order that does not depend on answer order
         qid = row.get("qid")
-        cands.sort(key=lambda ab: (ab[1]["score"] - ab[0]["score"],
-                                   stable_hash(qid, ab[0]["answer_id"], ab[1]["answer_id"], ab[0]["norm"], ab[1]["norm"])))
+        cands.sort(key=lambda ab: (ab[1]["score"] - ab[0]["score"], stable_hash(
+            qid, ab[0]["answer_id"], ab[1]["answer_id"], ab[0]["norm"], ab[1]["norm"])))
         prompt = [{"role": "user", "content": question}]
         return [make_pair("se", split, prompt, a["text"], b["text"], attribution=_attribution(row, a, b))
                 for a, b in cands[:max_pairs]]

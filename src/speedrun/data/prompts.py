@@ -12,12 +12,10 @@ from __future__ import annotations
 import hashlib
 import string
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from speedrun.common import SPLITS, chat_messages, normalize_text, require_unique, stable_hash, stable_unit
 

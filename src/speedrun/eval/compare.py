@@ -167,8 +167,8 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                              f"e.g. {sorted(diff, key=str)[:3]}: the comparison is paired")
     cell_sizes = keys0.groupby(["prompt_id", "seed"]).size()
     if cell_sizes.min() < 2:
-        raise ValueError(f"{where}: (prompt_id, seed) {cell_sizes.idxmin()} has {cell_sizes.min()} sample; within-prompt "
-                         "diversity needs at least 2 samples per prompt and seed")
+        raise ValueError(f"{where}: (prompt_id, seed) {cell_sizes.idxmin()} has {cell_sizes.min()} sample; "
+                         "within-prompt diversity needs at least 2 samples per prompt and seed")
     toks = [dv.words(t) for m in order for t in frames[m]["text"]]
     enc = dv.encode(toks, N_MAX)
     vocab = list(ead_vocab_size) if ead_vocab_size is not None else [max(t, 1) for t in enc.n_types[:3]]
@@ -273,7 +273,8 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
         for m in (o for o in order if o != reference):
             lo, hi = interval(boot[m] - boot[reference])
             runs_vs_reference[m] = {n: {"value": values[m][n] - values[reference][n], "ci_low": float(lo[j]),
-                                        "ci_high": float(hi[j]), "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
+                                        "ci_high": float(hi[j]),
+                                        "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
                                     for j, n in enumerate(names)}
     seeds = sorted({s for _, s in cells})
     return {
@@ -287,7 +288,8 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
         "comparisons": result_comparisons,
         "vs_reference": vs_reference,
         "runs_vs_reference": runs_vs_reference,
-        "setup": {"n_prompts": len(prompts), "seeds": [int(s) if isinstance(s, (int, np.integer)) else s for s in seeds],
+        "setup": {"n_prompts": len(prompts),
+                  "seeds": [int(s) if isinstance(s, (int, np.integer)) else s for s in seeds],
                   "n_cells": len(cells), "responses_per_model": n_rows,
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,

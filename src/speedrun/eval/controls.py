@@ -97,7 +97,8 @@ def power_section(power: dict, comparison: dict, collapse_variant: str, referenc
     pct = lambda x: "no collapse" if x is None else format(x, ".0%")  # noqa: E731
     for name, d in power.items():
         need = lambda r: "—" if d["mde_share"] is None else (r or f"> {stats.MAX_RUNS}")  # noqa: E731
-        lines.append(f"| {METRIC_BY_NAME[name].label} | {d['collapse']:+.4f} | {d['mde']:.4f} | {pct(d['mde_share'])} | "
+        lines.append(f"| {METRIC_BY_NAME[name].label} | {d['collapse']:+.4f} | {d['mde']:.4f} | "
+                     f"{pct(d['mde_share'])} | "
                      f"{'—' if d['seed_var_share'] is None else format(d['seed_var_share'], '.0%')} | "
                      f"{pct(d['mde_share_max_runs'])} | {need(d['runs_for_50pct'])} | {need(d['runs_for_30pct'])} |")
     return "\n".join(lines)

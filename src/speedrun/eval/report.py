@@ -28,10 +28,10 @@ METHOD = ("\u0394 = mean over a's runs \u2212 mean over b's runs (one run per GR
           "Reward is judged by non-inferiority: not worse than b's by more than the margin, the share of b's reward "
           "gain over the reference a may give up (a point estimate: its own noise is not in the margin). A variant "
           "with one run has no between-run variance: its interval covers prompts only and it gets no verdict. "
-          "Robustness: a permutation test on the runs' values (prompts not resampled), beside p: exact over every split "
-          "of the pooled runs up to ten runs per variant, Monte Carlo over 100,000 seeded splits beyond; its smallest "
-          "attainable p, in its column's header, is 0.1 at three runs per variant, so it can back a call only from "
-          "six runs per variant up.")
+          "Robustness: a permutation test on the runs' values (prompts not resampled), beside p: exact over every "
+          "split of the pooled runs up to ten runs per variant, Monte Carlo over 100,000 seeded splits beyond; its "
+          "smallest attainable p, in its column's header, is 0.1 at three runs per variant, so it can back a call "
+          "only from six runs per variant up.")
 
 
 def _fmt(name: str, x: float, signed: bool = False) -> str:
@@ -61,7 +61,8 @@ def _examples(result: dict, samples: pd.DataFrame, n_examples: int) -> list[str]
         out += ["", f"**Prompt {title}** (seed {first['seed']}, sample {first['sample_idx']})", "",
                 "| " + " | ".join(models) + " |", "|" + "---|" * len(models),
                 "| " + " | ".join(_cell(by_model[m]["text"]) if m in by_model else "" for m in models) + " |",
-                "| " + " | ".join(f"reward {by_model[m]['reward']:.3f}" if m in by_model else "" for m in models) + " |"]
+                "| " + " | ".join(f"reward {by_model[m]['reward']:.3f}" if m in by_model else ""
+                                  for m in models) + " |"]
     return out
 
 
@@ -134,13 +135,14 @@ def _comparison_table(result: dict, c: dict) -> list[str]:
             ver += f" \u00b7 {c['noninferiority']['verdict']} (margin {c['noninferiority']['margin']:.3f})"
         p_perm = "" if d.get("p_perm") is None else f"{d['p_perm']:{'.3g' if d['p_perm'] < 0.001 else '.3f'}}"
         out.append(f"| {m.label} | {d['role']} | {GOOD_TEXT[m.good]} | {_fmt(n, mean(c['runs_a']))} | "
-                   f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {p_perm} | {ver} |")
+                   f"{_fmt(n, mean(c['runs_b']))} | {_fmt(n, d['value'], True)} | {_ci(n, d)} | {p} | {p_perm} | "
+                   f"{ver} |")
     coupled = [n for n in result["primary"] if c["delta"][n].get("pair_r") is not None]
     if coupled:  # the arms share each training seed's streams: does that show in their runs?
         paired = [METRIC_BY_NAME[n].label for n in coupled if c["delta"][n]["paired"]]
-        out += ["", "Coupling: run i of each arm shares training seed i's sampling and prompt-draw streams. Correlation "
-                "of the matched runs: " + ", ".join(f"{METRIC_BY_NAME[n].label} r {c['delta'][n]['pair_r']:+.2f}"
-                                                    for n in coupled)
+        out += ["", "Coupling: run i of each arm shares training seed i's sampling and prompt-draw streams. "
+                "Correlation of the matched runs: "
+                + ", ".join(f"{METRIC_BY_NAME[n].label} r {c['delta'][n]['pair_r']:+.2f}" for n in coupled)
                 + f". A primary is analysed paired only with ≥ {stats.PAIRED_MIN_RUNS} pairs and r ≥ "
                 f"{stats.PAIRED_MIN_R}: " + (f"paired: {', '.join(paired)}." if paired else "none here (unpaired).")]
     return out
@@ -192,8 +194,8 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
               f"- **metric details**: bootstrap {s['n_boot']} draws (seed {s['bootstrap_seed']}); the draws of "
               "distinct-n, EAD and Gini are rescaled to the full-pool value (a resampled pool repeats prompts, adding "
               f"tokens but no types); self-BLEU-4 on {s['self_bleu_k']} responses (nltk method-1 smoothing); EAD "
-              f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3; the eval stage passes the corpus's distinct n-grams, a scale "
-              "no evaluated model moves); words = `\\b\\w+\\b` on lowercased text"
+              f"vocabulary V = {s['ead_vocab_size']} (n = 1, 2, 3; the eval stage passes the corpus's distinct "
+              "n-grams, a scale no evaluated model moves); words = `\\b\\w+\\b` on lowercased text"
               + (f"; length-matched metrics: each response's first {s['match_words']} words (a shorter response "
                  "whole: its share is a length control), the same V" if s.get("match_words") else "")
               + ("; stock phrases: the word 3-grams held by the most of the reference's responses to one half "
@@ -228,7 +230,8 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
     if weights:
         plot_weights(weights, fig_dir / "sampling_weights.png")
         shares = _shares(weights)
-        lines += ["| variant | groups | effective groups (1/\u03a3 share\u00b2) | largest group share |", "|---|---:|---:|---|"]
+        lines += ["| variant | groups | effective groups (1/\u03a3 share\u00b2) | largest group share |",
+                  "|---|---:|---:|---|"]
         for v, sh in shares.items():
             big = sh.sort_values(ascending=False, kind="stable")
             lines.append(f"| {v} | {sh.size} | {1 / float(np.sum(sh.to_numpy() ** 2)):.1f} "

@@ -29,7 +29,8 @@ def reference_token_ids(pairs_path: Path, tok: Tokenizer, prompt_ids: list[str],
                         max_len: int) -> tuple[list[list[int]], list[int]]:
     """Prompt + reference answer ids per eval prompt (the answer of its first pair by id), cut to max_len, and
     each row's prompt length: the rows response_logprob scores."""
-    refs = {r["prompt_id"]: r for r in reference_answers(pd.read_parquet(pairs_path).to_dict("records"), str(pairs_path))}
+    rows = pd.read_parquet(pairs_path).to_dict("records")
+    refs = {r["prompt_id"]: r for r in reference_answers(rows, str(pairs_path))}
     missing = [p for p in prompt_ids if p not in refs]
     if missing:
         raise ValueError(f"{pairs_path}: no reference answer for eval prompt(s) {missing[:3]}")

@@ -4,8 +4,8 @@ A metric that is a mean over prompts: run r of a variant scores prompt p as
     x[r, p] = effect + i_p (variant a only) + u_r + e_p + ε[r, p]
 u_r ~ N(0, run_sd²) is the training seed, e_p ~ N(0, prompt_sd²) the prompt (shared by every run), i_p ~
 N(0, interaction_sd²) how differently variant a does on prompt p (zero on average over prompts: a prompt set
-of finite size still shows a difference), ε the run's own sampling noise ~ N(0, noise_sd²). Each run's value is its mean over prompts; the bootstrap
-resamples prompts, the same draws for every run (as compare.py does).
+of finite size still shows a difference), ε the run's own sampling noise ~ N(0, noise_sd²). Each run's value is
+its mean over prompts; the bootstrap resamples prompts, the same draws for every run (as compare.py does).
 """
 from __future__ import annotations
 

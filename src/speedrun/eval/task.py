@@ -139,6 +139,6 @@ def task_section(task: dict, reference: str, probe: dict | None = None, reads: d
     rows = [(f"{c['a']} − {c['b']}", c["delta"]) for c in task["comparisons"]]
     rows += [(f"{v} − {reference}", d) for v, d in task["vs_reference"].items()]
     for label, d in rows:
-        lines.append(f"| {label} | " + " | ".join(f"{d[n]['value']:+.3f} [{d[n]['ci_low']:+.3f}, {d[n]['ci_high']:+.3f}]"
-                                                  for n in names) + f" | {d['pass@1']['noninferiority'] or 'no verdict'} |")
+        cells = [f"{d[n]['value']:+.3f} [{d[n]['ci_low']:+.3f}, {d[n]['ci_high']:+.3f}]" for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {d['pass@1']['noninferiority'] or 'no verdict'} |")
     return "\n".join(lines)

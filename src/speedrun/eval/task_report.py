@@ -106,7 +106,8 @@ def comparison_section(r: dict) -> list[str]:
              f"−margin, margin = {r['pass1_margin_share']:g} x the uniform arm's pass@1 gain over the SFT model at "
              "T=1.", "",
              "| comparison | Δ gap [95% CI] | Holm p | permutation p | MDE (of collapse) | seeds/arm for MDE ≤ "
-             f"{r['mde_share']:.0%} | pass@1 Δ [95% CI] | margin | pass@1 |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"{r['mde_share']:.0%} | pass@1 Δ [95% CI] | margin | pass@1 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in comps.values():
         g, p1 = c["gap"], c["pass@1"]
         share = f"{g['mde']:.3f} " + (f"({g['mde'] / g['collapse']:.0%})" if g["collapse"] > 0 else "(no collapse)")
@@ -114,7 +115,8 @@ def comparison_section(r: dict) -> list[str]:
         lines.append(f"| {c['treatment']} − {c['control']} | {_ci(g)} | {g['p_holm']:.3f}"
                      f"{' **called**' if g['called'] else ''} | {'—' if perm is None else f'{perm:.3f}'} | {share} | "
                      f"{g['seeds_needed'] or '> 64'} | {_ci(p1)} | {p1['margin']:.3f} | {p1['verdict']} |")
-    lines += ["", "Per cluster (secondary, each cluster's own frontier, unadjusted; small clusters have wide intervals):",
+    lines += ["", "Per cluster (secondary, each cluster's own frontier, unadjusted; small clusters have wide "
+              "intervals):",
               "", "| comparison | " + " | ".join(next(iter(comps.values()))["clusters"]) + " |",
               "|---|" + "---:|" * len(next(iter(comps.values()))["clusters"])]
     for c in comps.values():

@@ -92,7 +92,8 @@ def gap_draws(sft: list[pd.DataFrame], runs: list[pd.DataFrame], draws: list[np.
     out = []
     for rows in draws:
         front = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in sft])
-        out.append([column_mean(t, rows, "coverage") - frontier_at(front, column_mean(t, rows, "pass@1")) for t in runs])
+        out.append([column_mean(t, rows, "coverage") - frontier_at(front, column_mean(t, rows, "pass@1"))
+                    for t in runs])
     return np.array(out)
 
 

@@ -30,7 +30,8 @@ def reference_answers(pairs: list[dict], path: str) -> list[dict]:
     for i, row in enumerate(pairs):
         for c in ("id", "prompt_id", "prompt", "chosen"):
             if row.get(c) is None or (isinstance(row[c], float) and math.isnan(row[c])):
-                raise ValueError(f"{path}: row {i}, column {c!r}: no value (null or NaN); fix or drop that row upstream")
+                raise ValueError(f"{path}: row {i}, column {c!r}: no value (null or NaN); fix or drop that row "
+                                 "upstream")
     first: dict[str, dict] = {}
     for row in sorted(pairs, key=lambda r: (r["prompt_id"], r["id"])):
         first.setdefault(row["prompt_id"], row)

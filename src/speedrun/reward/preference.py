@@ -133,7 +133,8 @@ def fit(prompt_ids: list[int], response_ids: list[int], max_len: int) -> tuple[l
 
 def load_pairs(*paths: Path) -> pd.DataFrame:
     """The union of pair files in the schema of data/prompts/pairs.parquet (pairs with prompt_id and the
-    train/val/eval split of dedup_prompts; data/onpolicy/pairs.parquet adds rejected_ids, the sampled ids of the rejected side)."""
+    train/val/eval split of dedup_prompts; data/onpolicy/pairs.parquet adds rejected_ids, the sampled ids of the
+    rejected side)."""
     frames = []
     for path in paths:
         df = pd.read_parquet(path)

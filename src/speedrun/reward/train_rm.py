@@ -35,8 +35,8 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
     val_trained, _ = pref.select_kinds(val, r.train_kinds)
     if not train_pairs["id"] or not val_trained["id"]:
         raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'val' pairs of kinds "
-                         f"{', '.join(map(repr, r.train_kinds))} (train pairs left out by kind: {not_trained}; skipped: train "
-                         f"{train_skipped}, val {val_skipped})")
+                         f"{', '.join(map(repr, r.train_kinds))} (train pairs left out by kind: {not_trained}; "
+                         f"skipped: train {train_skipped}, val {val_skipped})")
     n_val = len(val_trained["id"])
     picked = sorted({i * n_val // r.eval_pairs for i in range(r.eval_pairs)}) if 0 < r.eval_pairs < n_val \
         else range(n_val)

@@ -1,0 +1,90 @@
+"""The declared families of density-versus-uniform comparisons across committed experiments (reports/experiments/).
+
+    python -m speedrun.families            # print the index's family tables
+    python -m speedrun.families --write    # replace them in reports/experiments/README.md
+
+A family is a set of tests read together, with one correction across all of them: declared in
+reports/experiments/families.yaml (name, correction, members as experiment folder + comparison key), never
+inferred from results. The task family is Holm-corrected over every member's primary test as committed so far
+(adding an experiment re-adjusts every member); the closed chat-track family is listed with the calls each
+experiment made on its own (Holm within the experiment only), which is what the family's reader must discount.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from speedrun.common import write_text
+from speedrun.eval.stats import ALPHA, holm
+
+ROOT = Path("reports/experiments")
+START, END = "<!-- families: python -m speedrun.families --write -->", "<!-- /families -->"
+VERDICT = {1: "diversity-raising", -1: "diversity-lowering", 0: "no call"}
+
+
+def _ci(v: float, lo: float, hi: float, digits: int = 3) -> str:
+    return f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def chat_rows(root: Path, members: list[dict]) -> list[str]:
+    """One row per chat-track member: its primaries' Δ [95% CI] and the call its own Holm made."""
+    rows = ["| experiment | comparison | first primary: Δ [95% CI] | its own call (Holm within it) |",
+            "|---|---|---|---|"]
+    for m in members:
+        primary = m.get("primary") or yaml.safe_load((root / m["experiment"] / "params.yaml").read_text())["eval"][
+            "primary"]  # a member without its params.yaml names its primaries
+        primary = primary.split(",") if isinstance(primary, str) else primary  # a comma string before lists
+        r = json.loads((root / m["experiment"] / "metrics/diversity.json").read_text())[m["comparison"]]
+        p0 = primary[0]
+        calls = [f"{p} {VERDICT[int(r['verdict'][p])]}" for p in primary if int(r["verdict"][p])] or ["no call"]
+        rows.append(f"| [{m['experiment']}]({m['experiment']}) | {m['comparison']} | {p0} "
+                    f"{_ci(r['delta'][p0], r['ci_low'][p0], r['ci_high'][p0])} | {', '.join(calls)} |")
+    return rows
+
+
+def task_rows(root: Path, members: list[dict]) -> list[str]:
+    """One row per task-track member: Δ frontier gap [95% CI], MDE, unadjusted p and Holm p over the whole family."""
+    results = {}
+    for m in members:
+        r = json.loads((root / m["experiment"] / "metrics/task.json").read_text())
+        results[(m["experiment"], m["comparison"])] = r["comparisons"][m["comparison"]]["gap"]
+    adjusted = holm({f"{e}/{c}": g["p"] for (e, c), g in results.items()})
+    rows = ["| experiment | comparison | Δ coverage beyond the frontier [95% CI] | MDE (of the collapse) | p | "
+            "family Holm p |", "|---|---|---|---:|---:|---:|"]
+    for (e, c), g in results.items():
+        p = adjusted[f"{e}/{c}"]
+        rows.append(f"| [{e}]({e}) | {c} | {_ci(g['value'], g['ci_low'], g['ci_high'])} | {g['mde']:.3f} "
+                    f"({g['mde'] / g['collapse']:.0%}) | {g['p']:.3f} | {p:.3f}{' **called**' if p <= ALPHA else ''} |")
+    return rows
+
+
+def render(root: Path = ROOT) -> str:
+    """The markdown of every declared family, in the order of families.yaml."""
+    spec = yaml.safe_load((root / "families.yaml").read_text())
+    lines = [START]
+    for name, fam in spec.items():
+        lines += ["", f"**{name}** ({fam['correction']}): {fam['about']}", ""]
+        lines += (task_rows if fam["kind"] == "task" else chat_rows)(root, fam["members"])
+    return "\n".join(lines + ["", END])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="replace the family tables in reports/experiments/README.md")
+    args = ap.parse_args()
+    text = render()
+    if not args.write:
+        print(text)
+        return
+    readme = ROOT / "README.md"
+    old = readme.read_text()
+    if START not in old or END not in old:
+        raise SystemExit(f"{readme}: no '{START}' ... '{END}' section to replace")
+    write_text(readme, old[:old.index(START)] + text + old[old.index(END) + len(END):])
+
+
+if __name__ == "__main__":
+    main()
