@@ -19,11 +19,11 @@ def test_push_from_one_clone_pull_into_another(tmp_path):
     dvc(node, "remote", "add", "-d", "storage", str(tmp_path / "remote"))
     git(node, "add", "-A")
     git(node, "commit", "-qm", "run")
-    dvc(node, "push", "corpus", "tokenizer")
+    dvc(node, "push", "preflight", "corpus", "tokenizer")
 
     subprocess.run(["git", "clone", "-q", str(node), str(tmp_path / "laptop")], check=True)
     laptop = tmp_path / "laptop"
     assert not (laptop / "outs/tokenizer").exists()
-    dvc(laptop, "pull", "corpus", "tokenizer")  # the stages this run made
+    dvc(laptop, "pull", "preflight", "corpus", "tokenizer")  # the stages this run made
     assert digests(laptop) == digests(node)
     assert dvc(laptop, "status", "tokenizer").strip() == "Data and pipelines are up to date."
