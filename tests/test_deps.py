@@ -105,3 +105,28 @@ def test_a_stage_imports_the_library_of_its_own_copy_of_the_repo(tmp_path):
     code = "import stages, speedrun; print(speedrun.__file__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert Path(out.stdout.strip()).resolve() == (tmp_path / "src" / "speedrun" / "__init__.py").resolve()
+
+
+def test_every_path_a_stage_touches_is_declared_in_dvc_yaml():
+    """A stage's PATHS (its default files) lie in its dvc.yaml deps, outs, metrics or plots: the path itself, a file
+    or folder above it, or a folder whose declared files it reads (outs/sft for outs/sft/model.pt); scratch/ is the
+    only undeclared place. A new input that skips dvc.yaml would leave DVC blind to its changes."""
+    import importlib
+    import re
+
+    def norm(path: str) -> str:  # {arm}_s{seed} and ${item.arm}_s${item.seed} alike
+        return re.sub(r"\$?\{[^}]*\}", "*", str(path)).rstrip("/")
+
+    missing = []
+    for name, spec in stage_specs().items():
+        module = importlib.import_module(f"stages.{spec['cmd'].split('python -m stages.')[1].split()[0]}")
+        declared = [norm(next(iter(e)) if isinstance(e, dict) else e)
+                    for key in ("deps", "outs", "metrics", "plots") for e in spec.get(key) or []]
+        for key, value in module.PATHS.items():
+            for path in (value if isinstance(value, list) else [value]):
+                p = norm(path)
+                if path is None or p.startswith("scratch/"):
+                    continue
+                if not any(p == d or p.startswith(d + "/") or d.startswith(p + "/") for d in declared):
+                    missing.append(f"stage {name}: --{key.replace('_', '-')} {path} is in no dvc.yaml entry")
+    assert not missing, "\n".join(missing)
