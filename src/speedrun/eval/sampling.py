@@ -134,8 +134,11 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
     rows, ref, swapped, drawn = [], None, None, drawn or {}
     bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
-        key = stable_hash(fingerprint, name, temperature, pairs_path is not None, files_digest(Path(ckpt) / "model.pt"))
-        done = Path(resume) / f"{name}-{key}.parquet" if resume is not None else None
+        done = None
+        if resume is not None:  # the checkpoint is hashed only when there is somewhere to resume from
+            key = stable_hash(fingerprint, name, temperature, pairs_path is not None,
+                              files_digest(Path(ckpt) / "model.pt"))
+            done = Path(resume) / f"{name}-{key}.parquet"
         if done is not None and done.exists():
             rows += pd.read_parquet(done).to_dict("records")
             bar.update(1)
