@@ -34,6 +34,10 @@ def test_task_family_is_holm_corrected_across_experiments(tmp_path):
                                             + "    - {experiment: third, comparison: 'density:checker'}\n")
     rows = [r for r in families.render(tmp_path).splitlines() if r.startswith("| [")]
     assert rows[0].split("|")[-2].strip() == "0.040 **called**" and "called" not in rows[3]  # re-adjusted
+    (tmp_path / "families.yaml").write_text((tmp_path / "families.yaml").read_text()
+                                            + "    - {experiment: planned, comparison: 'density:checker'}\n")
+    rows = [r for r in families.render(tmp_path).splitlines() if r.startswith("| [")]
+    assert "planned, not run yet" in rows[4] and rows[0].split("|")[-2].strip() == "0.040 **called**"  # not counted
 
 
 def test_chat_family_lists_each_experiments_own_call(tmp_path):
