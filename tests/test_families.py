@@ -42,12 +42,15 @@ def test_task_family_is_holm_corrected_across_experiments(tmp_path):
 
 def test_chat_family_lists_each_experiments_own_call(tmp_path):
     (tmp_path / "old" / "metrics").mkdir(parents=True)
-    (tmp_path / "old" / "params.yaml").write_text("eval:\n  primary: ead_1,distinct_2\n")
     block = {"delta": {"ead_1": 0.02, "distinct_2": 0.01}, "ci_low": {"ead_1": 0.01, "distinct_2": -0.01},
              "ci_high": {"ead_1": 0.03, "distinct_2": 0.03}, "verdict": {"ead_1": 1, "distinct_2": 0}}
     (tmp_path / "old" / "metrics/diversity.json").write_text(json.dumps({"density_vs_baseline": block}))
     (tmp_path / "families.yaml").write_text("chat:\n  kind: chat\n  correction: none\n  about: x\n  members:\n"
                                             "    - {experiment: old, comparison: density_vs_baseline}\n")
+    with pytest.raises(SystemExit, match="old names no primary"):
+        families.render(tmp_path)
+    (tmp_path / "families.yaml").write_text((tmp_path / "families.yaml").read_text().replace(
+        "density_vs_baseline}", "density_vs_baseline, primary: [ead_1, distinct_2]}"))
     row = [r for r in families.render(tmp_path).splitlines() if r.startswith("| [old]")][0]
     assert "ead_1 +0.020 [+0.010, +0.030]" in row and row.endswith("ead_1 diversity-raising |")
 

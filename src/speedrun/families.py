@@ -34,9 +34,9 @@ def chat_rows(root: Path, members: list[dict]) -> list[str]:
     rows = ["| experiment | comparison | first primary: Δ [95% CI] | its own call (Holm within it) |",
             "|---|---|---|---|"]
     for m in members:
-        primary = m.get("primary") or yaml.safe_load((root / m["experiment"] / "params.yaml").read_text())["eval"][
-            "primary"]  # a member without its params.yaml names its primaries
-        primary = primary.split(",") if isinstance(primary, str) else primary  # a comma string before lists
+        if not m.get("primary"):
+            raise SystemExit(f"{root / 'families.yaml'}: chat member {m['experiment']} names no primary (a list)")
+        primary = m["primary"]
         r = json.loads((root / m["experiment"] / "metrics/diversity.json").read_text())[m["comparison"]]
         p0 = primary[0]
         calls = [f"{p} {VERDICT[int(r['verdict'][p])]}" for p in primary if int(r["verdict"][p])] or ["no call"]

@@ -1,0 +1,91 @@
+"""Keep a finished `dvc exp run` as a few files under reports/experiments/<name>/ (its README, with the plan, is
+written and committed before the run).
+
+    python -m speedrun.experiment reports/experiments/task-control-20-seeds --track task
+
+Run in the workspace the experiment ran in, before anything else changes it. Copies the track's report and metrics
+JSON as the evaluation stage wrote them, every GRPO run's metrics as one JSON (one key per run), and the
+evaluation's samples (task: every answer with its checker mark; chat: every response), so a per-answer analysis
+reruns without models or the DVC cache; appends to the README the params as the -S overrides against the commit's
+params.yaml (no copy of it) and how to draw the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from speedrun.common import write_bytes, write_text
+
+TRACKS = {  # what each track's evaluation writes: report, metrics, per-run metrics folder, samples
+    "task": ("reports/task.md", "reports/metrics/task.json", "reports/metrics/task_grpo",
+             "outs/task_eval/answers.parquet"),
+    "chat": ("reports/report.md", "reports/metrics/diversity.json", "reports/metrics/grpo",
+             "outs/eval/samples.parquet"),
+}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v}
+    return out
+
+
+def overrides(base: dict, run: dict) -> dict:
+    """The dotted keys whose value differs between two params files (a key only one of them has included)."""
+    fb, fr = _flat(base), _flat(run)
+    gone = "<absent>"
+    return {k: fr.get(k, gone) for k in sorted(set(fb) | set(fr)) if fb.get(k, gone) != fr.get(k, gone)}
+
+
+def override_args(diff: dict) -> str:
+    """The -S arguments that set `diff` (lists in DVC's YAML list form)."""
+    fmt = lambda v: "[" + ",".join(str(x) for x in v) + "]" if isinstance(v, list) else str(v)  # noqa: E731
+    return " ".join(f"-S '{k}={fmt(v)}'" for k, v in diff.items())
+
+
+def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
+    """Copy the track's outputs from the workspace `root` into `folder`; returns the files written."""
+    readme = folder / "README.md"
+    if not readme.exists():
+        raise SystemExit(f"{readme}: no such file (commit the experiment's plan there before the run)")
+    report, metrics, runs_dir, samples = (root / p for p in TRACKS[track])
+    for p in (report, metrics, runs_dir, samples):
+        if not p.exists():
+            raise SystemExit(f"{p}: no such file or folder (run the experiment's `dvc exp run` in {root} first)")
+    written = [folder / report.name, folder / "metrics" / metrics.name, folder / "metrics" / f"{runs_dir.name}.json",
+               folder / samples.name]
+    for src, dst in ((report, written[0]), (metrics, written[1]), (samples, written[3])):
+        write_bytes(dst, src.read_bytes())
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))}
+    write_text(written[2], json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    base = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=root, capture_output=True,
+                                         text=True, check=True).stdout)
+    diff = overrides(base, yaml.safe_load((root / "params.yaml").read_text()))
+    notes = [f"params: the repository's `params.yaml` at commit `{commit}` with `{override_args(diff)}`",
+             f"`{written[2].relative_to(folder)}`: every GRPO run's metrics, one key per run (`<arm>_s<seed>`)",
+             f"`{samples.name}`: every {'answer' if track == 'task' else 'response'} the evaluation sampled"]
+    if track == "chat":
+        notes.append(f"figures: `python -m speedrun.eval.replot {folder}` draws them into `figures/` (not committed)")
+    old = readme.read_bytes().decode("utf-8").rstrip("\n")
+    write_text(readme, old + "\n\n## Files\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path, help="reports/experiments/<name>, holding the committed plan (README.md)")
+    ap.add_argument("--track", choices=sorted(TRACKS), required=True, help="which evaluation the experiment ran")
+    args = ap.parse_args()
+    for p in keep(args.folder, args.track):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Experiment folders stay small and re-analysable: `speedrun.experiment` keeps a run as a few files with its -S
+overrides (no params copy), `speedrun.eval.replot` draws a chat experiment's figures from its metrics, and no
+committed experiment holds a PNG or a params.yaml copy."""
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from speedrun import experiment
+from speedrun.eval.replot import replot, result_from_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_overrides_are_the_changed_keys_as_dvc_arguments():
+    base = {"task": {"seeds": [1, 2], "train": {"lr": 0.0003, "steps": 100}}, "beta": 0.04}
+    run = {"task": {"seeds": [301, 302], "train": {"lr": 0.0003, "steps": 100}}, "beta": 0.1}
+    diff = experiment.overrides(base, run)
+    assert diff == {"beta": 0.1, "task.seeds": [301, 302]}
+    assert experiment.override_args(diff) == "-S 'beta=0.1' -S 'task.seeds=[301,302]'"
+
+
+def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"task": {"seeds": [1, 2], "run": ["checker"]}}))
+    folder = tmp_path / "reports/experiments/x"
+    with pytest.raises(SystemExit, match="README.md: no such file"):
+        experiment.keep(folder, "task", tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text("# x\n\n## Plan\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "base")
+    git(tmp_path, "add", "params.yaml")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "params")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"task": {"seeds": [301, 302], "run": ["checker"]}}))
+    with pytest.raises(SystemExit, match="task.md: no such file"):
+        experiment.keep(folder, "task", tmp_path)
+    (tmp_path / "reports/metrics/task_grpo").mkdir(parents=True)
+    (tmp_path / "reports/task.md").write_text("# report\n")
+    (tmp_path / "reports/metrics/task.json").write_text("{}")
+    for s in (301, 302):
+        (tmp_path / f"reports/metrics/task_grpo/checker_s{s}.json").write_text(json.dumps({"seed": s}))
+    (tmp_path / "outs/task_eval").mkdir(parents=True)
+    pd.DataFrame({"text": ["`13`"]}).to_parquet(tmp_path / "outs/task_eval/answers.parquet")
+    written = experiment.keep(folder, "task", tmp_path)
+    assert sorted(p.relative_to(folder).as_posix() for p in written) == [
+        "answers.parquet", "metrics/task.json", "metrics/task_grpo.json", "task.md"]
+    assert json.loads((folder / "metrics/task_grpo.json").read_text()) == {"checker_s301": {"seed": 301},
+                                                                           "checker_s302": {"seed": 302}}
+    readme = (folder / "README.md").read_text()
+    assert readme.startswith("# x\n\n## Plan\n\n## Files") and "-S 'task.seeds=[301,302]'" in readme
+
+
+def test_replot_draws_a_chat_experiment_from_its_metrics(tmp_path):
+    runs = {f"grpo_{v}_s{s}": {"reward": 0.1 * s + (v == "density"), "distinct_2": 0.5 + 0.01 * s}
+            for v in ("baseline", "density") for s in (1, 2)}
+    flat = runs | {"sft": {"reward": 0.0, "distinct_2": 0.6}, "density_vs_baseline": {
+        "delta": {"reward": 1.0, "distinct_2": 0.0}, "ci_low": {"reward": 0.5, "distinct_2": -0.1},
+        "ci_high": {"reward": 1.5, "distinct_2": 0.1}, "verdict": {"distinct_2": 0}, "mde_share_distinct_2": 0.4}}
+    result = result_from_metrics(flat)
+    assert result["primary"] == ["distinct_2"] and result["variants"]["density"] == ["grpo_density_s1",
+                                                                                      "grpo_density_s2"]
+    (c,) = result["comparisons"]
+    assert c["per_seed"][2]["reward"] == pytest.approx(1.0) and c["delta"]["distinct_2"]["role"] == "primary"
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/diversity.json").write_text(json.dumps(flat))
+    assert [p.name for p in replot(tmp_path)] == ["metrics.png", "forest_density_vs_baseline.png", "scatter.png"]
+
+
+def test_committed_experiments_hold_no_figure_or_params_copy():
+    listed = subprocess.run(["git", "ls-files", "reports/experiments"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = listed.stdout.split()
+    assert files and not [f for f in files if f.endswith(".png") or f.endswith("/params.yaml")]
