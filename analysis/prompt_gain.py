@@ -10,11 +10,11 @@ format, and whether another checkpoint (a longer pretraining) reads its prompt.
     python analysis/prompt_gain.py outs/pretrain outs/sft
 Needs outs/tokenizer, data/corpus and data/prompts (`dvc repro dedup_prompts`). Nothing is written.
 """
+import argparse
 from pathlib import Path
 
 import pandas as pd
 import torch
-import typer
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -24,8 +24,7 @@ from speedrun.rl.prompts import load_prompts
 from speedrun.train.checkpoint import load_model
 
 
-def main(checkpoints: list[Path], docs: int = typer.Option(256, help="documents per split (a fixed random draw)"),
-         threads: int = typer.Option(2)) -> None:
+def main(checkpoints: list[Path], docs: int = 256, threads: int = 2) -> None:
     torch.set_num_threads(threads)
     tok = tokenizer_lib.load("outs/tokenizer")
     models = {ck: load_model(ck, "cpu", tok.digest)[0].eval() for ck in checkpoints}
@@ -55,4 +54,8 @@ def main(checkpoints: list[Path], docs: int = typer.Option(256, help="documents 
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", type=Path, nargs="+")
+    ap.add_argument("--docs", type=int, default=256, help="documents per split (a fixed random draw)")
+    ap.add_argument("--threads", type=int, default=2)
+    main(**vars(ap.parse_args()))

@@ -5,11 +5,11 @@ forward, backward + AdamW, each timed alone (the phases of rl/trainer.py's step,
 Needs outs/sft, outs/rm, outs/tokenizer and data/prompts (`dvc repro grpo` or `dvc pull`). The first step is a
 warm-up (a compiled decode compiles there) and is left out.
 """
+import argparse
 import time
 from pathlib import Path
 
 import torch
-import typer
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -25,12 +25,7 @@ from speedrun.train.loop import autocast
 PHASES = ("sampling", "RM scoring", "reference log-probs", "policy forward", "backward + AdamW")
 
 
-def main(steps: int = typer.Option(10, help="steps timed (after one warm-up)"),
-         threads: int = typer.Option(2, help="torch CPU threads"),
-         dtype: str = typer.Option("auto", help="fp32, bf16 or auto, as params.yaml compute.dtype"),
-         decode: str = typer.Option("dynamic", help="engine decode mode (params.yaml compute.decode)"),
-         width_step: int = typer.Option(-1, help="params.yaml compute.width_step (0 = auto, 1 = exact shapes, -1 = "
-                                        "params.yaml's value)")) -> None:
+def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "dynamic", width_step: int = -1) -> None:
     torch.set_num_threads(threads)
     cfg = params.load().grpo.train
     set_width_step(resolve_width_step(params.load().compute.width_step if width_step < 0 else width_step, "cpu"))
@@ -74,4 +69,11 @@ def main(steps: int = typer.Option(10, help="steps timed (after one warm-up)"),
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10, help="steps timed (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--dtype", type=str, default="auto", help="fp32, bf16 or auto, as params.yaml compute.dtype")
+    ap.add_argument("--decode", type=str, default="dynamic", help="engine decode mode (params.yaml compute.decode)")
+    ap.add_argument("--width-step", type=int, default=-1,
+                    help="params.yaml compute.width_step (0 = auto, 1 = exact shapes, -1 = params.yaml's value)")
+    main(**vars(ap.parse_args()))

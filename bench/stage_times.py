@@ -10,6 +10,7 @@ and DVC's bookkeeping after it, i.e. what a user waits for.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -17,13 +18,10 @@ import sys
 import time
 from collections import defaultdict
 
-import typer
-
 STAGE = re.compile(r"^Running stage '([^']+)'")
 
 
-def main(force: bool = typer.Option(False, "-f", "--force", help="rerun every stage (dvc repro -f)"),
-         log: str = typer.Option("", help="also write DVC's output to this file")) -> None:
+def main(force: bool = False, log: str = "") -> None:
     cmd = ["dvc", "repro"] + (["-f"] if force else [])
     times: dict[str, float] = {}
     current, t_stage = "(dvc start-up)", time.perf_counter()
@@ -58,4 +56,8 @@ def main(force: bool = typer.Option(False, "-f", "--force", help="rerun every st
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-f", "--force", action="store_true", default=False, dest="force",
+                    help="rerun every stage (dvc repro -f)")
+    ap.add_argument("--log", type=str, default="", help="also write DVC's output to this file")
+    main(**vars(ap.parse_args()))

@@ -7,13 +7,13 @@ or adversarial policy, trained on raw text only, continues the text it is given 
 Tokens are printed as they are sampled. Same seed, same prompt -> the same answer."""
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
 import torch
-import typer
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, stable_seed
@@ -96,24 +96,14 @@ def ask_all(bots: list[Bot], tok: Tokenizer, text: str, out: TextIO, **kw) -> li
     return answers
 
 
-def main(
-    model: list[Path] = typer.Option(..., help="checkpoint directory (model.pt + meta.json); repeat it to answer "
-                                               "side by side"),
-    tokenizer_dir: Path = typer.Option(Path("outs/tokenizer"), help="the tokenizer the checkpoints were trained with"),
-    prompt: str = typer.Option(None, help="answer this once and exit (no REPL)"),
-    template: str = typer.Option("auto", help="auto (chat for SFT/GRPO checkpoints, raw continuation for pretrained "
-                                              "and adversarial ones) | chat | raw"),
-    max_tokens: int = typer.Option(128, help="new tokens per answer at most (and within the context)"),
-    temperature: float = typer.Option(0.8, help="sampling temperature (0 = greedy)"),
-    top_p: float = typer.Option(0.95, help="nucleus sampling mass (1 = off)"),
-    seed: int = typer.Option(0, help="sampling seed: the same seed and turns give the same answers"),
-    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
-) -> None:
+def main(model: list[Path], tokenizer_dir: Path = Path("outs/tokenizer"), prompt: str | None = None,
+         template: str = "auto", max_tokens: int = 128, temperature: float = 0.8, top_p: float = 0.95, seed: int = 0,
+         device: str = "cpu") -> None:
     tok = tokenizer_lib.load(tokenizer_dir)
     try:
         bots = [load_bot(m, tok, pick_device(device), template) for m in model]
     except (FileNotFoundError, ValueError) as e:
-        raise typer.BadParameter(str(e)) from None
+        raise SystemExit(f"error: {e}") from None
     kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     try:
         if prompt is not None:
@@ -139,11 +129,24 @@ def main(
                 except ValueError as e:  # e.g. the history outgrew the context: say so, keep the session
                     print(f"error: {e}", file=sys.stderr)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+        raise SystemExit(f"error: {e}") from None
 
 
 def cli() -> None:
-    typer.run(main)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, action="append", required=True,
+                    help="checkpoint directory (model.pt + meta.json); repeat it to answer side by side")
+    ap.add_argument("--tokenizer-dir", type=Path, default=Path("outs/tokenizer"),
+                    help="the tokenizer the checkpoints were trained with")
+    ap.add_argument("--prompt", help="answer this once and exit (no REPL)")
+    ap.add_argument("--template", default="auto", choices=["auto", "chat", "raw"],
+                    help="auto: chat for SFT/GRPO checkpoints, raw continuation for pretrained and adversarial ones")
+    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer at most (within the context)")
+    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0 = greedy)")
+    ap.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (1 = off)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed and turns give the same answers")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    main(**vars(ap.parse_args()))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ A console tool, not a pipeline stage: it reads whatever experiments exist.
 """
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
 from matplotlib.figure import Figure
 
 from speedrun.common import write_bytes, write_text
@@ -118,29 +118,24 @@ def table(points: list[dict], metric: str, sweep: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(
-    show_json: Optional[Path] = typer.Option(None, help="saved `dvc exp show --json` output (default: run it here)"),
-    metric: str = typer.Option("", help="diversity metric on the x axis (default: the first of eval.primary)"),
-    sweep: str = typer.Option("beta", help="the swept param, dotted (labels and orders the points)"),
-    out: Path = typer.Option(Path("reports/figures/frontier.png"), help="figure"),
-    table_out: Optional[Path] = typer.Option(None, help="also write the table (markdown) here"),
-) -> None:
+def main(show_json: Optional[Path] = None, metric: str = "", sweep: str = "beta",
+         out: Path = Path("reports/figures/frontier.png"), table_out: Optional[Path] = None) -> None:
     if show_json is not None:
         show = json.loads(show_json.read_text())
     else:
         res = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
         if res.returncode != 0:
-            raise typer.BadParameter(f"`dvc exp show --json` failed (run from the repository): {res.stderr.strip()}")
+            raise SystemExit(f"`dvc exp show --json` failed (run from the repository): {res.stderr.strip()}")
         show = json.loads(res.stdout)
     exps = experiments(show)
     if not exps:
-        raise typer.BadParameter(f"no experiment holds {METRICS_FILE} yet: run `dvc repro` or `dvc queue start`")
+        raise SystemExit(f"no experiment holds {METRICS_FILE} yet: run `dvc repro` or `dvc queue start`")
     if not metric:
         primary = _param(exps[0]["params"], "eval.primary") or ""  # a list; a comma string before lists
         metric = (primary.split(",") if isinstance(primary, str) else primary)[0] if primary else "ead_1"
     points = frontier_points(exps, metric, sweep)
     if not points:
-        raise typer.BadParameter(f"no '<variant>_vs_sft' block with {metric!r} and reward in {METRICS_FILE} "
+        raise SystemExit(f"no '<variant>_vs_sft' block with {metric!r} and reward in {METRICS_FILE} "
                                  f"(experiments: {[e['name'] for e in exps]})")
     plot_frontier(points, metric, sweep, out)
     md = table(points, metric, sweep)
@@ -150,7 +145,13 @@ def main(
 
 
 def cli() -> None:
-    typer.run(main)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--show-json", type=Path, help="saved `dvc exp show --json` output (default: run it here)")
+    ap.add_argument("--metric", default="", help="diversity metric on the x axis (default: the first of eval.primary)")
+    ap.add_argument("--sweep", default="beta", help="the swept param, dotted (labels and orders the points)")
+    ap.add_argument("--out", type=Path, default=Path("reports/figures/frontier.png"), help="figure")
+    ap.add_argument("--table-out", type=Path, help="also write the table (markdown) here")
+    main(**vars(ap.parse_args()))
 
 
 if __name__ == "__main__":
