@@ -117,6 +117,146 @@ def _validate(samples: pd.DataFrame, where: str) -> pd.DataFrame:
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
+def _check(df: pd.DataFrame, variants: dict[str, list[str]], comparisons: list[tuple[str, str]],
+           primary: list[str] | tuple[str, ...], where: str) -> None:
+    """Every compared variant exists and has runs among the models; every primary metric has a direction."""
+    models = sorted(df["model"].unique())
+    for a, b in comparisons:
+        for v in (a, b):
+            if v not in variants:
+                raise ValueError(f"{where}: comparison ({a}, {b}): variant {v!r} not in {sorted(variants)}")
+    for v, runs in variants.items():
+        if not runs:
+            raise ValueError(f"{where}: variant {v!r} has no runs")
+        for name in runs:
+            if name not in models:
+                raise ValueError(f"{where}: model {name!r} of variant {v!r} not found (models: {models})")
+    unknown = [n for n in primary if n not in METRIC_BY_NAME or METRIC_BY_NAME[n].good == "neutral"]
+    if unknown:
+        raise ValueError(f"primary metrics {unknown}: not metrics with a direction ({[m.name for m in METRICS]})")
+
+
+def _pools(df: pd.DataFrame, order: list[str], reference: str | None, ead_vocab_size: list[int] | None, tic: str,
+           match_words: int, where: str) -> tuple[dict[str, Pool], list[str], list[int], list, pd.Series]:
+    """One Pool per model on the same (prompt, seed, sample) rows, the metric names they score, EAD's V per n, the
+    stock phrases (from the reference's responses to one half of the prompts) and the samples per cell."""
+    frames = {m: df[df["model"] == m].reset_index(drop=True) for m in order}
+    first = order[0]
+    keys0 = frames[first][["prompt_id", "seed", "sample_idx"]]
+    for m in order:
+        keys = frames[m][["prompt_id", "seed", "sample_idx"]]
+        if len(keys) != len(keys0) or not (keys.to_numpy() == keys0.to_numpy()).all():
+            diff = set(map(tuple, keys.to_numpy().tolist())) ^ set(map(tuple, keys0.to_numpy().tolist()))
+            raise ValueError(f"{where}: model {m!r} and {first!r} differ in (prompt_id, seed, sample_idx) rows, "
+                             f"e.g. {sorted(diff, key=str)[:3]}: the comparison is paired")
+    cell_sizes = keys0.groupby(["prompt_id", "seed"]).size()
+    if cell_sizes.min() < 2:
+        raise ValueError(f"{where}: (prompt_id, seed) {cell_sizes.idxmin()} has {cell_sizes.min()} sample; "
+                         "within-prompt diversity needs at least 2 samples per prompt and seed")
+    toks = [dv.words(t) for m in order for t in frames[m]["text"]]
+    enc = dv.encode(toks, N_MAX)
+    vocab = list(ead_vocab_size) if ead_vocab_size is not None else [max(t, 1) for t in enc.n_types[:3]]
+    if len(vocab) != 3 or min(vocab) < 1:
+        raise ValueError(f"ead_vocab_size: expected three sizes >= 1 (n = 1, 2, 3), got {vocab}")
+    enc_first = dv.encode([t[:match_words] for t in toks], N_MAX) if match_words > 0 else None
+    n_rows = len(keys0)
+    # stock phrases: found in the reference's responses to one half of the prompts, counted on the other half
+    half = np.asarray([int(stable_hash("phrase_half", p), 16) % 2 for p in keys0["prompt_id"]])
+    phrases = (dv.stock_phrases([toks[i] for i in np.flatnonzero(half == 0)], keys0["prompt_id"][half == 0].tolist())
+               if reference in order and (half == 1).any() else [])  # the reference is order[0]: rows 0..n_rows-1
+    part = lambda e, i: dv.slice_encoded(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
+    stock = lambda i: (toks[i * n_rows:(i + 1) * n_rows], phrases, half == 1) if phrases else None  # noqa: E731
+    pools = {m: Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i), match_words)
+             for i, m in enumerate(order)}
+    names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
+             and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
+             and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
+             and (match_words > 0 or not (m.name.endswith("_first") or m.name == "short_share"))
+             and (m.name != "stock_phrases" or phrases)]
+    return pools, names, vocab, phrases, cell_sizes
+
+
+def _bootstrap(pools: dict[str, Pool], names: list[str], vocab: list[int], n_boot: int, seed: int,
+               self_bleu_k: int) -> tuple[dict, dict, int]:
+    """Each model's metrics on its whole pool and on n_boot shared draws of prompts (then cells), the draws of the
+    union metrics rescaled to the full-pool value; returns (values, boot [n_boot, metric] per model, self-BLEU's k)."""
+    first = next(iter(pools.values()))
+    cells, n_rows = first.cells, len(first.cell)
+    prompts = sorted({p for p, _ in cells})
+    prompt_index = {p: i for i, p in enumerate(prompts)}
+    prompt_of_cell = np.asarray([prompt_index[p] for p, _ in cells], dtype=np.int64)
+    # every draw first, so self-BLEU's pool size k fits the draw with the fewest distinct responses
+    rng = np.random.default_rng(stable_seed("bootstrap", seed))
+    draws = [draw_cells(rng, prompt_of_cell, len(prompts)) for _ in range(n_boot)]
+    eligible = [np.flatnonzero(w[first.cell] > 0) for w in draws]
+    k = max(2, min(self_bleu_k, n_rows // 2, min(e.size for e in eligible)))
+    point_pos = np.sort(np.random.default_rng(stable_seed("self_bleu", seed)).choice(n_rows, k, replace=False))
+    values = {m: pool.metrics(np.ones(len(cells)), point_pos, vocab) for m, pool in pools.items()}
+    boot = {m: np.zeros((n_boot, len(names))) for m in pools}
+    for b, (w, e) in enumerate(zip(draws, eligible)):
+        pos = np.sort(rng.choice(e, k, replace=False))
+        for m, pool in pools.items():
+            vals = pool.metrics(w, pos, vocab)
+            boot[m][b] = [vals[n] for n in names]
+    union = np.asarray([METRIC_BY_NAME[n].union for n in names])
+    for m in pools:
+        point, mean = np.asarray([values[m][n] for n in names]), boot[m].mean(axis=0)
+        boot[m] *= np.where(union & (mean > 0), point / np.where(mean > 0, mean, 1.0), 1.0)
+    return values, boot, k
+
+
+def _interval(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.quantile(x, 0.025, axis=0), np.quantile(x, 0.975, axis=0)
+
+
+def _pooled(values: dict, boot: dict, names: list[str], primary: list[str] | tuple[str, ...], runs_a: list[str],
+            runs_b: list[str], fixed_b: bool) -> dict[str, dict]:
+    """Per metric: stats.pooled_delta of a's runs against b's (b one fixed model where fixed_b), its role and
+    unadjusted verdict, and the permutation p over runs."""
+    out = {}
+    for j, n in enumerate(names):
+        pa, pb = np.asarray([values[r][n] for r in runs_a]), np.asarray([values[r][n] for r in runs_b])
+        # the arms share each training seed's streams: pair run i with run i only where that coupling shows
+        r_pair = (float(np.corrcoef(pa, pb)[0, 1]) if not fixed_b and pa.size == pb.size >= 3
+                  and pa.std() > 0 and pb.std() > 0 else None)
+        paired = r_pair is not None and pa.size >= stats.PAIRED_MIN_RUNS and r_pair >= stats.PAIRED_MIN_R
+        d = stats.pooled_delta(pa, pb, np.stack([boot[r][:, j] for r in runs_a], 1),
+                               np.stack([boot[r][:, j] for r in runs_b], 1), fixed_b=fixed_b, paired=paired)
+        d["pair_r"], d["paired"] = r_pair, paired
+        good = METRIC_BY_NAME[n].good
+        d["role"] = "control" if good == "neutral" else ("primary" if n in primary else "secondary")
+        d["verdict"] = verdict(good, d["ci_low"], d["ci_high"]) if d["seed_variance"] else None
+        if not fixed_b:  # robustness: permutation over the runs (stats.permutation_p)
+            perm = stats.permutation_p(pa, pb)
+            d["p_perm"], d["p_perm_min"], d["p_perm_method"] = perm["p"], perm["p_min"], perm["method"]
+        out[n] = d
+    return out
+
+
+def _compare(values: dict, boot: dict, names: list[str], primary: list[str] | tuple[str, ...],
+             variants: dict[str, list[str]], a: str, b: str, reference: str | None, reward_keep: float) -> dict:
+    """One comparison a - b: the pooled Δ per metric, Holm over the primaries, reward non-inferiority against b's
+    gain over the reference, and each seed's run-to-run Δ (the forest plot's dots)."""
+    delta = _pooled(values, boot, names, primary, variants[a], variants[b], fixed_b=False)
+    seeded = all(d["seed_variance"] for d in delta.values())
+    for n, p_holm in stats.holm({n: delta[n]["p"] for n in primary}).items():
+        d = delta[n]
+        d["p_holm"] = p_holm
+        d["verdict"] = (verdict(METRIC_BY_NAME[n].good, d["value"], d["value"]) if p_holm <= stats.ALPHA
+                        else UNSURE) if seeded else None
+    ni = None
+    if "reward" in delta and reference is not None:
+        r = delta["reward"]
+        gain = float(np.mean([values[m]["reward"] for m in variants[b]]) - values[reference]["reward"])
+        margin = (1.0 - reward_keep) * max(gain, 0.0)  # b gained nothing: a must not be worse at all
+        ni = {"metric": "reward", "keep": reward_keep, "gain_b": gain, "margin": margin,
+              "verdict": stats.non_inferiority(r["ci_low"], r["ci_high"], margin) if seeded else None}
+    per_seed = {f"{ra} - {rb}": {n: values[ra][n] - values[rb][n] for n in names}
+                for ra, rb in zip(variants[a], variants[b])}  # where both have that many runs
+    return {"a": a, "b": b, "runs_a": variants[a], "runs_b": variants[b], "delta": delta, "seed_variance": seeded,
+            "noninferiority": ni, "per_seed": per_seed}
+
+
 def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
              primary: list[str] | tuple[str, ...] = (), reward_keep: float = 0.8, n_boot: int = 1000,
@@ -141,146 +281,35 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     df = _validate(samples, where)
     models = sorted(df["model"].unique())
     comparisons = [tuple(c) for c in (comparisons if comparisons is not None else [list(variants)[:2]])]
-    for a, b in comparisons:
-        for v in (a, b):
-            if v not in variants:
-                raise ValueError(f"{where}: comparison ({a}, {b}): variant {v!r} not in {sorted(variants)}")
-    for v, runs in variants.items():
-        if not runs:
-            raise ValueError(f"{where}: variant {v!r} has no runs")
-        for name in runs:
-            if name not in models:
-                raise ValueError(f"{where}: model {name!r} of variant {v!r} not found (models: {models})")
-    unknown = [n for n in primary if n not in METRIC_BY_NAME or METRIC_BY_NAME[n].good == "neutral"]
-    if unknown:
-        raise ValueError(f"primary metrics {unknown}: not metrics with a direction ({[m.name for m in METRICS]})")
+    _check(df, variants, comparisons, primary, where)
     order = ([reference] if reference in models else []) + [r for runs in variants.values() for r in runs]
     order += [m for m in models if m not in order]
-    frames = {m: df[df["model"] == m].reset_index(drop=True) for m in order}
-    first = order[0]
-    keys0 = frames[first][["prompt_id", "seed", "sample_idx"]]
-    for m in order:
-        keys = frames[m][["prompt_id", "seed", "sample_idx"]]
-        if len(keys) != len(keys0) or not (keys.to_numpy() == keys0.to_numpy()).all():
-            diff = set(map(tuple, keys.to_numpy().tolist())) ^ set(map(tuple, keys0.to_numpy().tolist()))
-            raise ValueError(f"{where}: model {m!r} and {first!r} differ in (prompt_id, seed, sample_idx) rows, "
-                             f"e.g. {sorted(diff, key=str)[:3]}: the comparison is paired")
-    cell_sizes = keys0.groupby(["prompt_id", "seed"]).size()
-    if cell_sizes.min() < 2:
-        raise ValueError(f"{where}: (prompt_id, seed) {cell_sizes.idxmin()} has {cell_sizes.min()} sample; "
-                         "within-prompt diversity needs at least 2 samples per prompt and seed")
-    toks = [dv.words(t) for m in order for t in frames[m]["text"]]
-    enc = dv.encode(toks, N_MAX)
-    vocab = list(ead_vocab_size) if ead_vocab_size is not None else [max(t, 1) for t in enc.n_types[:3]]
-    if len(vocab) != 3 or min(vocab) < 1:
-        raise ValueError(f"ead_vocab_size: expected three sizes >= 1 (n = 1, 2, 3), got {vocab}")
-    enc_first = dv.encode([t[:match_words] for t in toks], N_MAX) if match_words > 0 else None
-    n_rows = len(keys0)
-    # stock phrases: found in the reference's responses to one half of the prompts, counted on the other half
-    half = np.asarray([int(stable_hash("phrase_half", p), 16) % 2 for p in keys0["prompt_id"]])
-    phrases = (dv.stock_phrases([toks[i] for i in np.flatnonzero(half == 0)], keys0["prompt_id"][half == 0].tolist())
-               if reference in models and (half == 1).any() else [])  # the reference is order[0]: rows 0..n_rows-1
-    part = lambda e, i: dv.slice_encoded(e, i * n_rows, (i + 1) * n_rows) if e is not None else None  # noqa: E731
-    stock = lambda i: (toks[i * n_rows:(i + 1) * n_rows], phrases, half == 1) if phrases else None  # noqa: E731
-    pools = {m: Pool(frames[m], part(enc, i), tic, part(enc_first, i), stock(i), match_words)
-             for i, m in enumerate(order)}
-    names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
-             and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
-             and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
-             and (match_words > 0 or not (m.name.endswith("_first") or m.name == "short_share"))
-             and (m.name != "stock_phrases" or phrases)]
-    cells = pools[first].cells
-    prompts = sorted({p for p, _ in cells})
-    prompt_index = {p: i for i, p in enumerate(prompts)}
-    prompt_of_cell = np.asarray([prompt_index[p] for p, _ in cells], dtype=np.int64)
-    cell_of_row = pools[first].cell
-
-    # every draw first, so self-BLEU's pool size k fits the draw with the fewest distinct responses
-    rng = np.random.default_rng(stable_seed("bootstrap", seed))
-    draws = [draw_cells(rng, prompt_of_cell, len(prompts)) for _ in range(n_boot)]
-    eligible = [np.flatnonzero(w[cell_of_row] > 0) for w in draws]
-    k = max(2, min(self_bleu_k, n_rows // 2, min(e.size for e in eligible)))
-    point_pos = np.sort(np.random.default_rng(stable_seed("self_bleu", seed)).choice(n_rows, k, replace=False))
-    values = {m: pools[m].metrics(np.ones(len(cells)), point_pos, vocab) for m in order}
-    boot = {m: np.zeros((n_boot, len(names))) for m in order}
-    for b, (w, e) in enumerate(zip(draws, eligible)):
-        pos = np.sort(rng.choice(e, k, replace=False))
-        for m in order:
-            vals = pools[m].metrics(w, pos, vocab)
-            boot[m][b] = [vals[n] for n in names]
-
-    point = {m: np.asarray([values[m][n] for n in names]) for m in order}
-    union = np.asarray([METRIC_BY_NAME[n].union for n in names])
-    for m in order:
-        mean = boot[m].mean(axis=0)
-        boot[m] *= np.where(union & (mean > 0), point[m] / np.where(mean > 0, mean, 1.0), 1.0)
-
-    def interval(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return np.quantile(x, 0.025, axis=0), np.quantile(x, 0.975, axis=0)
-
+    ref = reference if reference in models else None
+    pools, names, vocab, phrases, cell_sizes = _pools(df, order, ref, ead_vocab_size, tic, match_words, where)
+    values, boot, k = _bootstrap(pools, names, vocab, n_boot, seed, self_bleu_k)
     ci = {}
     for m in order:
-        lo, hi = interval(boot[m])
+        lo, hi = _interval(boot[m])
         ci[m] = {n: [float(lo[j]), float(hi[j])] for j, n in enumerate(names)}
-
-    def pooled(runs_a: list[str], runs_b: list[str], fixed_b: bool) -> dict[str, dict]:
-        out = {}
-        for j, n in enumerate(names):
-            pa, pb = np.asarray([point[r][j] for r in runs_a]), np.asarray([point[r][j] for r in runs_b])
-            # the arms share each training seed's streams: pair run i with run i only where that coupling shows
-            r_pair = (float(np.corrcoef(pa, pb)[0, 1]) if not fixed_b and pa.size == pb.size >= 3
-                      and pa.std() > 0 and pb.std() > 0 else None)
-            paired = r_pair is not None and pa.size >= stats.PAIRED_MIN_RUNS and r_pair >= stats.PAIRED_MIN_R
-            d = stats.pooled_delta(pa, pb, np.stack([boot[r][:, j] for r in runs_a], 1),
-                                   np.stack([boot[r][:, j] for r in runs_b], 1), fixed_b=fixed_b, paired=paired)
-            d["pair_r"], d["paired"] = r_pair, paired
-            good = METRIC_BY_NAME[n].good
-            d["role"] = "control" if good == "neutral" else ("primary" if n in primary else "secondary")
-            d["verdict"] = verdict(good, d["ci_low"], d["ci_high"]) if d["seed_variance"] else None
-            if not fixed_b:  # robustness: permutation over the runs (stats.permutation_p)
-                perm = stats.permutation_p(pa, pb)
-                d["p_perm"], d["p_perm_min"], d["p_perm_method"] = perm["p"], perm["p_min"], perm["method"]
-            out[n] = d
-        return out
-
-    result_comparisons = []
-    for a, b in comparisons:
-        delta = pooled(variants[a], variants[b], fixed_b=False)
-        seeded = all(d["seed_variance"] for d in delta.values())
-        adjusted = stats.holm({n: delta[n]["p"] for n in primary})
-        for n, p_holm in adjusted.items():
-            d = delta[n]
-            d["p_holm"] = p_holm
-            d["verdict"] = (verdict(METRIC_BY_NAME[n].good, d["value"], d["value"]) if p_holm <= stats.ALPHA
-                            else UNSURE) if seeded else None
-        ni = None
-        if "reward" in delta and reference in models:
-            r = delta["reward"]
-            gain = float(np.mean([values[m]["reward"] for m in variants[b]]) - values[reference]["reward"])
-            margin = (1.0 - reward_keep) * max(gain, 0.0)  # b gained nothing: a must not be worse at all
-            ni = {"metric": "reward", "keep": reward_keep, "gain_b": gain, "margin": margin,
-                  "verdict": stats.non_inferiority(r["ci_low"], r["ci_high"], margin) if seeded else None}
-        per_seed = {}  # a's run i against b's run i (the forest plot's dots), where both have that many runs
-        for ra, rb in zip(variants[a], variants[b]):
-            per_seed[f"{ra} - {rb}"] = {n: values[ra][n] - values[rb][n] for n in names}
-        result_comparisons.append({"a": a, "b": b, "runs_a": variants[a], "runs_b": variants[b], "delta": delta,
-                                   "seed_variance": seeded, "noninferiority": ni, "per_seed": per_seed})
+    result_comparisons = [_compare(values, boot, names, primary, variants, a, b, ref, reward_keep)
+                          for a, b in comparisons]
     # each variant, and each run, against the reference (did GRPO move it at all?), on the same paired draws
     vs_reference, runs_vs_reference = {}, {}
-    if reference in models:
+    if ref is not None:
         for v, runs in variants.items():
-            vs_reference[v] = pooled(runs, [reference], fixed_b=True)
-        for m in (o for o in order if o != reference):
-            lo, hi = interval(boot[m] - boot[reference])
-            runs_vs_reference[m] = {n: {"value": values[m][n] - values[reference][n], "ci_low": float(lo[j]),
+            vs_reference[v] = _pooled(values, boot, names, primary, runs, [ref], fixed_b=True)
+        for m in (o for o in order if o != ref):
+            lo, hi = _interval(boot[m] - boot[ref])
+            runs_vs_reference[m] = {n: {"value": values[m][n] - values[ref][n], "ci_low": float(lo[j]),
                                         "ci_high": float(hi[j]),
                                         "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
                                     for j, n in enumerate(names)}
+    cells = pools[order[0]].cells
     seeds = sorted({s for _, s in cells})
     return {
         "models": order,
         "variants": {v: list(r) for v, r in variants.items()},
-        "reference": reference if reference in models else None,
+        "reference": ref,
         "metrics": names,
         "primary": list(primary),
         "values": {m: {n: values[m][n] for n in names} for m in order},
@@ -288,9 +317,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
         "comparisons": result_comparisons,
         "vs_reference": vs_reference,
         "runs_vs_reference": runs_vs_reference,
-        "setup": {"n_prompts": len(prompts),
+        "setup": {"n_prompts": len({p for p, _ in cells}),
                   "seeds": [int(s) if isinstance(s, (int, np.integer)) else s for s in seeds],
-                  "n_cells": len(cells), "responses_per_model": n_rows,
+                  "n_cells": len(cells), "responses_per_model": len(pools[order[0]].cell),
                   "samples_per_cell": [int(cell_sizes.min()), int(cell_sizes.max())],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
                   "reward_keep": reward_keep, "tic": tic, "match_words": match_words,
