@@ -7,7 +7,7 @@ from speedrun.data.docstrings import collect, objects_frame, objects_stats
 from speedrun.data.stdlib import pin_interpreter
 from speedrun.stage import run_stage
 
-READS = ("corpus",)
+READS = ("seed", "corpus")
 PATHS = {"interpreter": "data/interpreter.json", "out_dir": "data/corpus"}
 
 
@@ -22,7 +22,7 @@ def main(p, io) -> None:
         docs = corpus.embedded_docs(objects, c.val_frac, c.max_docs)
     else:
         docs, file_skips = corpus.hf_docs(c.hf_path, c.hf_name or None, c.hf_split, c.text_column, c.max_docs,
-                                          c.val_frac), None
+                                          c.val_frac, p.seed, c.hf_shuffle_buffer), None
     frames, stats = corpus.build(docs, file_skips)
     stats["source"] = c.source
     stats["read"] = objects_stats(objects)

@@ -26,7 +26,8 @@ def main(p, io) -> None:
         convs = sft_data.embedded_conversations(io.objects, p.corpus.val_frac, p.prompts.eval_frac, p.seed,
                                                 c.per_object, c.gold_per_item, skipped)
     else:
-        train_convs, skipped = sft_data.hf_conversations(c.hf_path, c.hf_name or None, c.hf_split, c.max_rows)
+        train_convs, skipped = sft_data.hf_conversations(c.hf_path, c.hf_name or None, c.hf_split, c.max_rows,
+                                                         seed=p.seed, shuffle_buffer=c.hf_shuffle_buffer)
         val_convs, val_skipped = sft_data.hf_conversations(c.hf_path, c.hf_name or None, c.hf_val_split, c.eval_convs)
         convs = {"train": train_convs, "val": val_convs}
         skipped = {**skipped, **{f"val_{k}": v for k, v in val_skipped.items()}}

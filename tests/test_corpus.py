@@ -5,7 +5,7 @@ import yaml
 import pytest
 
 from conftest import call_stage
-from speedrun.data import corpus
+from speedrun.data import corpus, hub
 from speedrun.data.docstrings import collect, split_of
 
 
@@ -69,7 +69,8 @@ def test_hf_source_on_local_mirror(tmp_path, fmt):
         path = tmp_path / "docs.jsonl"
         rows.to_json(path, orient="records", lines=True)
     train, val, stats = run_stage(tmp_path, "-S", "corpus.source=hf", "-S", f"corpus.hf_path={path}",
-                                  "-S", "corpus.hf_name=''", "-S", "corpus.max_docs=8", "-S", "corpus.val_frac=0.0")
+                                  "-S", "corpus.hf_name=''", "-S", "corpus.max_docs=8", "-S", "corpus.val_frac=0.0",
+                                  "-S", "corpus.hf_shuffle_buffer=0")  # file order: the last row is never read
     assert stats["docs_in"] == 8 and stats["kept"] == 4
     assert stats["skipped"] == {"duplicate": 1, "empty": 2, "missing": 1}
     assert "Never read" not in " ".join(train["text"])
@@ -79,8 +80,24 @@ def test_hf_source_on_local_mirror(tmp_path, fmt):
 def test_hf_missing_column_names_file_and_row(tmp_path):
     path = tmp_path / "docs.jsonl"
     pd.DataFrame({"content": ["x"]}).to_json(path, orient="records", lines=True)
-    with pytest.raises(KeyError, match=r"docs.jsonl row 0: no column 'text'"):
+    with pytest.raises(KeyError, match=r"docs.jsonl row 0 of the stream: no column 'text'"):
         list(corpus.hf_docs(str(path), None, "train", "text", 10, 0.1))
+
+
+def test_hub_stream_shuffles_stably(tmp_path):
+    """A seeded streaming shuffle: the same rows in the same order on every read, not the files' order, another
+    order for another seed; every row once when all are read."""
+    (tmp_path / "mirror/data").mkdir(parents=True)
+    for shard in range(3):  # shards are shuffled too: the first rows read are not all from the first file
+        pd.DataFrame({"text": [f"doc {shard}-{i}" for i in range(20)]}).to_parquet(
+            tmp_path / f"mirror/data/train-{shard:05d}-of-00003.parquet")
+    path = str(tmp_path / "mirror")
+    read = lambda seed, buffer: [r["text"] for r in hub.stream(path, None, "train", seed, buffer)]  # noqa: E731
+    in_order, a = read(0, 0), read(0, 16)
+    assert a == read(0, 16) and a != in_order and sorted(a) == sorted(in_order) and len(set(a)) == 60
+    assert read(1, 16) != a and a[:10] != in_order[:10]
+    docs = list(corpus.hf_docs(path, None, "train", "text", 10, 0.0, seed=0, shuffle_buffer=16))
+    assert [d[1] for d in docs] == a[:10]
 
 
 def test_only_the_corpus_stage_reads_the_stdlib(tmp_path, monkeypatch):

@@ -85,13 +85,22 @@ def test_rerun_is_byte_identical_and_ids_ignore_row_order(hub, tmp_path):
     assert {s: v["skipped"] for s, v in sa["sources"].items()} == {s: v["skipped"] for s, v in sc["sources"].items()}
 
 
-def test_limit_per_source_reads_every_split_in_turn(hub, tmp_path):
+def test_limit_per_source_caps_pairs_and_reads_every_split_and_site_in_turn(hub, tmp_path):
     root, _ = hub
-    _, stats = run(tmp_path / "out", *hub_args(root, "-S", "pairs.limit_per_source=4"))
+    got, stats = run(tmp_path / "out", *hub_args(root, "-S", "pairs.limit_per_source=4"))
     for src in ("hh", "uf", "se"):
-        assert stats["sources"][src]["rows_read"] == 4
+        s = stats["sources"][src]
+        assert s["pairs_kept"] == 4 and s["rows_read"] + s["extra_pairs"] == 4 + sum(s["skipped"].values())
     assert stats["sources"]["hh"]["splits"] == {"test": 2, "train": 2}  # harmless-base, then helpful-base
     assert stats["sources"]["uf"]["splits"] == {"test_prefs": 2, "train_prefs": 2}
+    se = stats["sources"]["se"]  # a question gives 2 pairs here: 2 questions, one from each site, not 4 from one
+    assert se["sites"] == 2 and se["rows_read"] == 2
+    assert {json.loads(p["attribution"])["metadata"][1] for p in got if p["src"] == "se"} == {
+        f"https://{site}" for site in mirrors.SE_SITES}
+    _, stats = run(tmp_path / "three", *sets("pairs.only=[se]", f"pairs.se_path={root / 'se'}",
+                                             "pairs.limit_per_source=3"))
+    se = stats["sources"]["se"]  # the cap falls inside the second question: its other pair is counted, not kept
+    assert se["pairs_kept"] == 3 and se["skipped"] == {"over_limit": 1}
 
 
 def test_source_flags_and_help(hub, tmp_path):

@@ -70,6 +70,9 @@ def test_hf_conversations_from_a_local_mirror(smol):
     assert len(few) + sum(few_skipped.values()) == 3
     with pytest.raises(KeyError, match="conversation"):
         sft.hf_conversations(str(root), "all", "train", max_rows=10, messages_column="conversation")
+    mixed, mixed_skipped = sft.hf_conversations(str(root), "all", "train", max_rows=1000, seed=3, shuffle_buffer=64)
+    assert mixed_skipped == skipped and sorted(map(str, mixed)) == sorted(map(str, convs))  # the same rows, reordered
+    assert sft.hf_conversations(str(root), "all", "train", max_rows=1000, seed=3, shuffle_buffer=64)[0] == mixed
 
 
 def test_check_conversation_reasons():

@@ -50,6 +50,9 @@ class CorpusConfig:
     hf_split: str = knob("hf: split to stream")
     text_column: str = knob("hf: column holding the document text")
     max_docs: int = knob("documents to read at most (hf: rows streamed; embedded: an even stride of objects)", ge=1)
+    hf_shuffle_buffer: int = knob("hf: rows are read through datasets' streaming shuffle, shards in an order drawn "
+                                  "from the top-level seed and rows through a buffer of this many (0 = file order)",
+                                  ge=0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class SFTConfig(TrainConfig):
     hf_split: str = knob("hf: split to train on")
     hf_val_split: str = knob("hf: split to validate on")
     max_rows: int = knob("hf: rows to stream per split", ge=1)
+    hf_shuffle_buffer: int = knob("hf: the train split is read through datasets' streaming shuffle, shards in an "
+                                  "order drawn from the top-level seed and rows through a buffer of this many (0 = "
+                                  "file order)", ge=0)
     max_len: int = knob("conversations are cut to this many tokens", ge=2)
     batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
@@ -114,7 +120,8 @@ class SFTConfig(TrainConfig):
 class PairsConfig:
     only: list[Literal["hh", "uf", "se", "embedded"]] = knob("the sources read, a YAML list of hh, uf, se, embedded "
                                                              "(-S 'pairs.only=[hh,uf,se]')")
-    limit_per_source: int = knob("rows read per source, in turn from each of its splits (0 = all); streamed", ge=0)
+    limit_per_source: int = knob("pairs kept per source at most, its rows read in turn from each of its splits (SE: "
+                                 "from each site) (0 = all); streamed", ge=0)
     hh_path: str = knob("Anthropic/hh-rlhf: hub id or a local dir mirroring the hub layout")
     uf_path: str = knob("HuggingFaceH4/ultrafeedback_binarized: hub id or a local mirror")
     se_path: str = knob("HuggingFaceH4/stack-exchange-preferences: hub id or a local mirror")

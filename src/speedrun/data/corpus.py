@@ -8,6 +8,7 @@ from typing import Iterable, Iterator
 import pandas as pd
 
 from speedrun.common import stable_hash, stable_unit
+from speedrun.data import hub
 from speedrun.data.docstrings import DocObject, split_of
 
 COLUMNS = ["id", "text", "source"]
@@ -57,21 +58,16 @@ def embedded_docs(objects: list[DocObject], val_frac: float, max_docs: int) -> I
             for o in objects[:: -(-len(objects) // max_docs)])  # an even stride keeps every module represented
 
 
-def hf_docs(path: str, name: str | None, split: str, text_column: str, max_docs: int,
-            val_frac: float) -> Iterator[tuple[str, object, str]]:
-    """Stream rows from a hub id or a local dir/file in the same layout; only max_docs are read."""
-    from datasets import load_dataset
-
-    if path.endswith((".parquet", ".jsonl", ".json", ".jsonl.gz")):
-        builder = "parquet" if path.endswith(".parquet") else "json"
-        ds = load_dataset(builder, data_files={split: path}, split=split, streaming=True)
-    else:
-        ds = load_dataset(path, name, split=split, streaming=True)
+def hf_docs(path: str, name: str | None, split: str, text_column: str, max_docs: int, val_frac: float,
+            seed: int = 0, shuffle_buffer: int = 0) -> Iterator[tuple[str, object, str]]:
+    """Stream rows from a hub id or a local dir/file in the same layout (through a seeded shuffle buffer where
+    shuffle_buffer > 0, hub.stream); only max_docs are read."""
+    ds = hub.stream(path, name, split, seed, shuffle_buffer)
     for i, row in enumerate(ds):
         if i >= max_docs:
             break
         if text_column not in row:
-            raise KeyError(f"{path} row {i}: no column {text_column!r} (columns: {sorted(row)})")
+            raise KeyError(f"{path} row {i} of the stream: no column {text_column!r} (columns: {sorted(row)})")
         raw = row[text_column]
         # hf docs have no module: split by a stable hash of the content
         key = stable_hash(raw) if isinstance(raw, str) else str(i)

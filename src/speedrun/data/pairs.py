@@ -136,8 +136,9 @@ def _pairs(name: str, source: Source, limit: int, seen: set[str], stats: dict) -
 
     skipped, splits, negatives = Counter(), Counter(), Counter()
     read = kept = extra = 0
-    rows = islice(source.rows, limit) if limit > 0 else source.rows
-    for split, row in tqdm(rows, desc=f"pairs {name}", unit=" rows", mininterval=5, disable=None):
+    for split, row in tqdm(source.rows, desc=f"pairs {name}", unit=" rows", mininterval=5, disable=None):
+        if 0 < limit <= kept:  # the source's cap is on pairs kept: a row with many pairs counts them all
+            break
         read += 1
         try:
             pairs = source.parse(row, split)
@@ -146,6 +147,9 @@ def _pairs(name: str, source: Source, limit: int, seen: set[str], stats: dict) -
             continue
         extra += len(pairs) - 1  # a stack exchange question gives several pairs
         for p in pairs:
+            if 0 < limit <= kept:  # the cap reached within this row: its remaining pairs are counted, not kept
+                skipped["over_limit"] += 1
+                continue
             if p["id"] in seen:  # ids are content hashes: the same pair twice is kept once
                 skipped["duplicate_pair"] += 1
                 continue

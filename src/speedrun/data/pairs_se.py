@@ -12,10 +12,11 @@ import math
 import re
 from collections import Counter
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 from speedrun.common import normalize_text, stable_hash
-from speedrun.data.pairs import Skip, Source, hub_rows, make_pair, text
+from speedrun.data.pairs import Skip, Source, hub_rows, make_pair, round_robin, text
 
 HUB_ID = "HuggingFaceH4/stack-exchange-preferences"
 AUTHOR = ("answer_id", "author", "author_id", "author_profile")
@@ -142,9 +143,27 @@ def parser(max_pairs: int, answers_skipped: Counter):
     return parse
 
 
+def sites(path: str) -> list[str]:
+    """The site folders under data/ (one per Stack Exchange site), of a local mirror or of the hub repo."""
+    local = Path(path) / "data"
+    if local.is_dir():
+        return sorted(d.name for d in local.iterdir() if d.is_dir() and any(d.glob("*.parquet")))
+    try:
+        from huggingface_hub import HfFileSystem
+
+        return sorted(Path(f).name for f in HfFileSystem().ls(f"datasets/{path}/data", detail=False))
+    except Exception as e:
+        raise RuntimeError(f"se: cannot list the sites under {path}/data: {type(e).__name__}: {e}") from e
+
+
 def source(path: str = HUB_ID, max_pairs: int = 10, data_dir: str | None = None) -> Source:
-    """data_dir (e.g. data/apple.stackexchange.com) reads one site instead of all of them."""
+    """data_dir (e.g. data/apple.stackexchange.com) reads one site; without it every site in turn, one question
+    from each (round robin), so a pair limit samples every site rather than the first ones alphabetically."""
     answers_skipped: Counter = Counter()
-    extra = {"path": path, "data_dir": data_dir, "max_pairs_per_question": max_pairs,
+    names = [data_dir] if data_dir else [f"data/{site}" for site in sites(path)]
+    if not names:
+        raise RuntimeError(f"se: no site folders with parquet files under {path}/data")
+    extra = {"path": path, "data_dir": data_dir, "sites": len(names), "max_pairs_per_question": max_pairs,
              "answers_skipped": answers_skipped}
-    return Source(hub_rows("se", path, "train", data_dir=data_dir), parser(max_pairs, answers_skipped), extra)
+    rows = round_robin([hub_rows("se", path, "train", data_dir=d) for d in names])
+    return Source(rows, parser(max_pairs, answers_skipped), extra)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.data.corpus import clean_text
-from speedrun.data import gold
+from speedrun.data import gold, hub
 from speedrun.data.docstrings import DocObject, heldout_split, load_objects
 from speedrun.data.questions import answerable, questions
 
@@ -80,20 +80,19 @@ def check_conversation(value: Any) -> tuple[list[dict] | None, str | None]:
     return out, None
 
 
-def hf_conversations(path: str, name: str | None, split: str, max_rows: int,
-                     messages_column: str = "messages") -> tuple[list[list[dict]], dict[str, int]]:
-    """Stream up to max_rows rows (a hub id or a local dir in the hub layout, same call) and
-    return the valid conversations plus skip counts by reason; rows read = kept + skipped."""
-    from datasets import load_dataset
-
+def hf_conversations(path: str, name: str | None, split: str, max_rows: int, messages_column: str = "messages",
+                     seed: int = 0, shuffle_buffer: int = 0) -> tuple[list[list[dict]], dict[str, int]]:
+    """Stream up to max_rows rows (a hub id or a local dir in the hub layout, same call; through a seeded shuffle
+    buffer where shuffle_buffer > 0, hub.stream) and return the valid conversations plus skip counts by reason;
+    rows read = kept + skipped."""
     convs: list[list[dict]] = []
     skipped: Counter = Counter()
     try:
-        for i, row in enumerate(load_dataset(path, name, split=split, streaming=True)):
+        for i, row in enumerate(hub.stream(path, name, split, seed, shuffle_buffer)):
             if i >= max_rows:
                 break
             if messages_column not in row:
-                raise KeyError(f"{path} ({name}, {split}) row {i}: no column {messages_column!r}; "
+                raise KeyError(f"{path} ({name}, {split}) row {i} of the stream: no column {messages_column!r}; "
                                f"columns: {sorted(row)}")
             conv, reason = check_conversation(row[messages_column])
             if reason:
