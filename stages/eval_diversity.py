@@ -18,7 +18,7 @@ from speedrun.eval import diversity as dv
 from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
-from speedrun.eval.report import write_report
+from speedrun.eval.report import heldout_wording, write_report
 from speedrun.eval.sampling import embed_texts, prompt_gain_summary, run_name, sample_models
 from speedrun.eval.task import compare_task, sample_task, task_section
 from speedrun.probe import copy_probe, merged_tokens
@@ -30,8 +30,8 @@ from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train.checkpoint import load_model
 
-READS = ("seed", "compute.device", "compute.width_step", "corpus.val_frac", "prompts.eval_frac", "eval", "grpo.run",
-         "grpo.variants", "grpo.controls.tic", "grpo.seeds")
+READS = ("seed", "compute.device", "compute.width_step", "corpus.val_frac", "prompts.eval_frac", "sft.source", "eval",
+         "grpo.run", "grpo.variants", "grpo.controls.tic", "grpo.seeds")
 PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
          "corpus_train": "data/corpus/train.parquet", "objects": "data/corpus/objects.parquet",
          "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
@@ -142,11 +142,8 @@ def main(p, io) -> None:
              "samples per prompt": c.samples_per_prompt,
              "sampler": f"temperature {c.temperature}, top-p {c.top_p}, max {c.max_new_tokens} new tokens",
              "bootstrap draws": c.n_boot, "reward model": rm_summary(io.rm_dir),
-             "held-out split": ("by top-level module: the eval prompts' modules (prompts.eval_frac of the pretrained "
-                                "modules) appear in no post-training stage's data (SFT, pairs, on-policy samples, RM, "
-                                "GRPO); SFT and the RM pick checkpoints on the corpus's val modules; "
-                                f"{int((~keep).sum())} eval prompts left out because their reference answer is also a "
-                                "trained prompt's answer")}
+             "held-out split": heldout_wording({s for srcs in df["srcs"] for s in srcs}, p.sft.source,
+                                               int((~keep).sum()))}
     lead = [manipulation_section(manipulation, first["a"], first["b"]), ordering_section(control, configured, primary),
             power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE."]
     extra = [task_section(task, "sft", task["copy_probe"], task["prompt_gain"]),

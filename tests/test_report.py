@@ -351,3 +351,13 @@ def test_forest_leaves_out_the_standardised_reward(result):
     rows = forest_rows(result, result["comparisons"][0])
     labels = [r[0] for r in rows]
     assert "mean RM reward" not in labels and "EAD-1 *" in labels and "words per response" in labels
+
+
+def test_heldout_wording_follows_the_split_used():
+    from speedrun.eval.report import heldout_wording
+    embedded = heldout_wording({"embedded"}, "embedded", 3)
+    assert embedded.startswith("by top-level module") and "stable hash" not in embedded
+    assert "SFT and the RM pick checkpoints on the corpus's val modules; 3 eval prompts left out" in embedded
+    hub = heldout_wording({"se", "hh"}, "hf", 0)
+    assert hub.startswith("hub prompts (hh, se) by a stable hash") and "module" not in hub
+    assert "SFT conversations (sft.source: hf) are another dataset" in hub and "the SFT dataset's val split" in hub

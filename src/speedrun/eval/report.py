@@ -162,6 +162,26 @@ def _reference_table(result: dict) -> list[str]:
     return out
 
 
+def heldout_wording(sources: set[str], sft_source: str, left_out: int) -> str:
+    """The report's held-out sentence for the split the eval prompts actually came from: embedded prompts are held
+    out by top-level module, hub prompts by a stable hash of their id (prompts.hash_split)."""
+    parts = []
+    if "embedded" in sources:
+        parts.append("by top-level module: the eval prompts' modules (prompts.eval_frac of the pretrained modules) "
+                     "appear in no post-training stage's data (SFT, pairs, on-policy samples, RM, GRPO)")
+    hub = sorted(sources - {"embedded"})
+    if hub:
+        parts.append(f"hub prompts ({', '.join(hub)}) by a stable hash of the prompt id (prompts.eval_frac of the "
+                     "deduplicated prompts): in no pair, on-policy sample, RM or GRPO batch"
+                     + ("; the SFT conversations (sft.source: hf) are another dataset, not checked against them"
+                        if sft_source == "hf" else ""))
+    sft_val = "the corpus's val modules" if sft_source == "embedded" else "the SFT dataset's val split"
+    picks = (f"SFT and the RM pick checkpoints on {sft_val}" if sft_source == "embedded" and not hub
+             else f"SFT picks checkpoints on {sft_val}, the RM on the val prompts' pairs")
+    return "; ".join(parts + [picks, f"{left_out} eval prompts left out because their reference answer is also a "
+                                     "trained prompt's answer"])
+
+
 def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFrame],
                  weights: dict[str, dict[str, float]], out_md: Path, fig_dir: Path, setup: dict,
                  extra_sections: list[str] | None = None, n_examples: int = 3,
