@@ -1,10 +1,12 @@
 """Stage corpus: build data/corpus/{train,val}.parquet, objects.parquet (the stdlib object table every embedded
 source reads: the only stage that reads the interpreter's files) and stats.json; keeps the interpreter pin
-(data/interpreter.json, speedrun.data.stdlib) true to the stdlib it read."""
+(data/interpreter.json, speedrun.data.stdlib) true to the stdlib it read; and ngram_vocab.json, the EAD vocabulary size
+of the train split that every evaluation reads."""
 from speedrun.common import read_json, write_json, write_parquet
 from speedrun.data import corpus
 from speedrun.data.docstrings import collect, objects_frame, objects_stats
 from speedrun.data.stdlib import pin_interpreter
+from speedrun.eval.diversity import ngram_vocab
 from speedrun.stage import run_stage
 
 READS = ("seed", "corpus")
@@ -30,6 +32,8 @@ def main(p, io) -> None:
     for split, df in frames.items():
         write_parquet(io.out_dir / f"{split}.parquet", df)
     write_json(io.out_dir / "stats.json", stats)
+    # EAD's fixed V (distinct word 1-3-grams of the train split), counted once per corpus for every evaluation
+    write_json(io.out_dir / "ngram_vocab.json", {"n": [1, 2, 3], "distinct": ngram_vocab(frames["train"]["text"])})
     print(f"corpus: {stats['kept']} docs kept of {stats['docs_in']} (skipped {stats['skipped']}); "
           + ", ".join(f"{s} {v['docs']} docs / {v['chars'] / 1e6:.2f} MB" for s, v in stats["splits"].items()))
 

@@ -14,7 +14,6 @@ from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import files_digest, pick_device, read_json, write_json, write_parquet
 from speedrun.data.docstrings import load_objects
 from speedrun.data.gold import distractor_pool, gold_items
-from speedrun.eval import diversity as dv
 from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
@@ -33,7 +32,7 @@ from speedrun.train.checkpoint import load_model
 READS = ("seed", "compute.device", "compute.width_step", "corpus.val_frac", "prompts.eval_frac", "sft.source", "eval",
          "grpo.run", "grpo.variants", "grpo.controls.tic", "grpo.seeds")
 PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
-         "corpus_train": "data/corpus/train.parquet", "objects": "data/corpus/objects.parquet",
+         "ngram_vocab": "data/corpus/ngram_vocab.json", "objects": "data/corpus/objects.parquet",
          "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
          "samples_out": "outs/eval/samples.parquet", "result_out": "outs/eval/result.json",
          "metrics": "reports/metrics/diversity.json", "report": "reports/report.md", "fig_dir": "reports/figures",
@@ -77,7 +76,7 @@ def main(p, io) -> None:
     order = df[keep].sort_values("prompt_id").index[: c.max_prompts or None]
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
     rm = RewardModel.load(io.rm_dir, dev, tok.digest)
-    vocab = dv.ngram_vocab(pd.read_parquet(io.corpus_train, columns=["text"])["text"].tolist())  # EAD's fixed V
+    vocab = read_json(io.ngram_vocab)["distinct"]  # EAD's fixed V: the corpus's distinct n-grams (stage corpus)
     configured = list(c.primary)
 
     # the temperature control first: which primaries can see diversity at all

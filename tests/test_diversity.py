@@ -152,3 +152,20 @@ def test_vendi_within_prompt_in_the_evaluation():
     assert res["values"]["apart"]["within_vendi"] == pytest.approx(4.0)
     plain = evaluate(pd.DataFrame(rows).drop(columns="embedding"), {"same": ["same"]}, [], reference=None, n_boot=5)
     assert "within_vendi" not in plain["values"]["same"]  # no embeddings, no score
+
+
+def test_ngram_vocab_equals_counting_tuples_in_sets(monkeypatch):
+    """The lean count (int ids, deduplicated packed keys merged in chunks, rows once ids outgrow a key) gives the
+    sets' exact sizes."""
+    from speedrun.data.docstrings import collect
+    texts = [o.text for o in collect()[0][:400]] + ["", "one", "a b", "a b a b c"]
+    seen = [set(), set(), set()]
+    for t in texts:
+        w = dv.words(t)
+        for n in (1, 2, 3):
+            seen[n - 1].update(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
+    want = [len(s) for s in seen]
+    assert dv.ngram_vocab(texts) == want == dv.ngram_vocab(iter(texts), chunk_rows=97)  # many merges
+    assert dv.ngram_vocab([]) == [1, 1, 1]
+    monkeypatch.setattr(dv, "BITS", 8)  # word ids outgrow a key after 256 words: the rest counted as rows
+    assert dv.ngram_vocab(texts, chunk_rows=97) == want

@@ -11,7 +11,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -54,15 +54,54 @@ def em_dash_rate(texts: Sequence[str]) -> float:
     return 1000.0 * dashes / chars if chars else 0.0
 
 
-def ngram_vocab(texts: Sequence[str], n_max: int = 3) -> list[int]:
+BITS = 21  # word-id bits per position when an n-gram is packed into one int64 key (3 x 21 < 64)
+
+
+def _keys(rows: np.ndarray) -> np.ndarray:
+    """n-gram rows of word ids < 2^BITS as one int64 each (an exact, order-preserving code)."""
+    out = np.zeros(len(rows), dtype=np.int64)
+    for j in range(rows.shape[1]):
+        out = (out << BITS) | rows[:, j]
+    return out
+
+
+def _rows(keys: np.ndarray, n: int) -> np.ndarray:
+    return np.stack([(keys >> (BITS * (n - 1 - j))) & ((1 << BITS) - 1) for j in range(n)], axis=1)
+
+
+def ngram_vocab(texts: Iterable[str], n_max: int = 3, chunk_rows: int = 1 << 21) -> list[int]:
     """Distinct word n-grams (n = 1..n_max) of a reference text (the pretraining corpus): a V for EAD that does not
-    move with the models being compared."""
-    seen: list[set] = [set() for _ in range(n_max)]
+    move with the models being compared. Exact and lean: words become int ids and the n-grams seen so far are kept
+    deduplicated in one int64 array per n (merged with np.unique every chunk_rows new ones), an n-gram packed into
+    one int64 while word ids fit BITS bits (n <= 3), else as a row of n ids: memory grows with the distinct n-grams
+    at 8 (or n x 8) bytes each, not as Python tuples in sets."""
+    if n_max * BITS > 63:
+        raise ValueError(f"ngram_vocab: n_max {n_max} > {63 // BITS}")
+    ids: dict[str, int] = {}
+    distinct = [np.empty(0, dtype=np.int64) for _ in range(n_max)]  # packed keys; rows once ids outgrow BITS
+    pending: list[list[np.ndarray]] = [[] for _ in range(n_max)]
+    held = [0] * n_max
+
+    def merge(j: int) -> None:
+        new = np.concatenate(pending[j]) if pending[j] else np.empty((0, j + 1), dtype=np.int64)
+        if distinct[j].ndim == 1 and len(ids) >= 1 << BITS:  # ids no longer fit a key: unpack what is kept
+            distinct[j] = _rows(distinct[j], j + 1)
+        if distinct[j].ndim == 1:
+            distinct[j] = np.unique(np.concatenate([distinct[j], _keys(new)]))
+        else:
+            distinct[j] = np.unique(np.concatenate([distinct[j], new]), axis=0)
+        pending[j], held[j] = [], 0
+
     for t in texts:
-        w = words(t)
-        for n in range(1, n_max + 1):
-            seen[n - 1].update(ngrams(w, n))
-    return [max(len(s), 1) for s in seen]
+        a = np.fromiter((ids.setdefault(w, len(ids)) for w in words(t)), dtype=np.int64)
+        for j in range(min(n_max, a.size)):
+            pending[j].append(np.lib.stride_tricks.sliding_window_view(a, j + 1))
+            held[j] += a.size - j
+            if held[j] >= chunk_rows:
+                merge(j)
+    for j in range(n_max):
+        merge(j)
+    return [max(len(d), 1) for d in distinct]
 
 
 def gini(counts: Sequence[float]) -> float:

@@ -1,0 +1,79 @@
+"""Time and peak memory of the pieces that grow with the data, at multiples of the embedded default's size.
+
+    python bench/scale.py --what vocab --scales 1,10,100   # EAD vocabulary of the corpus: lean ids vs tuple sets
+    python bench/scale.py --what knn --scales 1,2,4        # density k-NN over the train prompts (words embedding)
+
+vocab: the committed run's corpus train split (data/corpus/train.parquet) copied `scale` times, every word of copy c
+suffixed with c, so the distinct n-grams grow linearly with the scale (the worst case: a real corpus grows them
+sublinearly); `eval.diversity.ngram_vocab` (word ids, deduplicated int arrays) against the set-of-tuples count it
+replaced (`--old`, also timed). knn: the train prompts (data/prompts/prompts.parquet) repeated `scale` times with a
+copy marker word, the words embedding and `rl.density.knn_distance` (blocked: memory flat in N, time N^2). Peak
+memory is tracemalloc's (Python and numpy allocations; torch's CPU tensors are not traced, so knn reports the
+embedding matrix's own size beside it). Run from the repository root after `dvc repro corpus dedup_prompts`.
+"""
+import argparse
+import time
+import tracemalloc
+
+import pandas as pd
+
+from speedrun.eval import diversity as dv
+
+
+def old_vocab(texts: list[str]) -> list[int]:
+    """The count ngram_vocab replaced: every n-gram a tuple of str in a set."""
+    seen: list[set] = [set(), set(), set()]
+    for t in texts:
+        w = dv.words(t)
+        for n in (1, 2, 3):
+            seen[n - 1].update(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
+    return [max(len(s), 1) for s in seen]
+
+
+def measure(fn, *args) -> tuple[object, float, float]:
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return out, seconds, peak
+
+
+def bench_vocab(scales: list[int], old: bool) -> None:
+    base = pd.read_parquet("data/corpus/train.parquet", columns=["text"])["text"].tolist()
+    print(f"corpus train split: {len(base)} docs, {sum(map(len, base)) / 2**20:.1f} MiB of text")
+    for s in scales:
+        texts = base if s == 1 else [" ".join(f"{w}{c}" for w in t.split()) for c in range(s) for t in base]
+        got, sec, mib = measure(dv.ngram_vocab, texts)
+        line = f"x{s:<4} {len(texts):>8} docs  V = {got}  ngram_vocab {sec:7.1f} s, peak {mib:8.1f} MiB"
+        if old:
+            want, sec_o, mib_o = measure(old_vocab, texts)
+            line += f" | tuple sets {sec_o:7.1f} s, peak {mib_o:8.1f} MiB ({'equal' if want == got else 'DIFFERENT'})"
+        print(line, flush=True)
+
+
+def bench_knn(scales: list[int], k: int) -> None:
+    from speedrun.rl.density import knn_distance, word_embeddings
+
+    df = pd.read_parquet("data/prompts/prompts.parquet")
+    base = [m[-1]["content"] for m in df.loc[df["split"] == "train", "prompt"]]
+    print(f"train prompts: {len(base)}")
+    for s in scales:
+        texts = [f"{t} copy{c}" for c in range(s) for t in base]
+        emb, sec_e, _ = measure(word_embeddings, texts)
+        _, sec, mib = measure(knn_distance, emb, k)
+        print(f"x{s:<4} {len(texts):>8} prompts  embedding {sec_e:6.1f} s, {emb.numel() * 8 / 2**20:8.1f} MiB as "
+              f"fp64  knn {sec:7.1f} s, traced peak {mib:6.1f} MiB", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", choices=["vocab", "knn"], default="vocab")
+    ap.add_argument("--scales", default="1,10,100", help="comma-separated multiples of the embedded size")
+    ap.add_argument("--old", action=argparse.BooleanOptionalAction, default=True,
+                    help="vocab: also time the tuple-set count it replaced")
+    ap.add_argument("--k", type=int, default=20, help="knn: neighbours (params.yaml grpo.density.k)")
+    args = ap.parse_args()
+    scales = [int(x) for x in args.scales.split(",")]
+    bench_vocab(scales, args.old) if args.what == "vocab" else bench_knn(scales, args.k)
