@@ -209,3 +209,16 @@ def test_compiled_training_is_byte_identical_across_runs_and_close_to_eager(tiny
     b = torch.load(tmp_path / "cold/model/model.pt", weights_only=True)
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-5), (k, (a[k] - b[k]).abs().max())
+
+
+def test_pack_documents_is_the_bos_separated_stream_whatever_the_chunk(tiny_corpus):
+    import pandas as pd
+
+    from speedrun import tokenizer as tokenizer_lib
+    from speedrun.train.data import pack_documents
+    tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
+    texts = pd.read_parquet(tiny_corpus / "corpus/train.parquet")["text"].tolist()[:50]
+    want = [t for doc in tok.encode_batch(texts) for t in [tok.bos_id, *doc]]
+    got = pack_documents(texts, tok)
+    assert got.dtype == torch.int32 and got.tolist() == want
+    assert torch.equal(pack_documents(texts, tok, chunk_docs=3), got) and pack_documents([], tok).numel() == 0

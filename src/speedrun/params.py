@@ -101,13 +101,14 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
     if dataclasses.is_dataclass(cls):
         if not isinstance(value, dict):
             _fail(where, key, f"expected a section of keys, got {value!r}")
+        # derived fields are set by the stage at run time: params.yaml neither holds nor may set them
         fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
         hints = typing.get_type_hints(cls)
         unknown = sorted(set(map(str, value)) - set(fields))
         if unknown:
             _fail(where, ".".join(filter(None, [key, unknown[0]])),
                   f"unknown key (a typo? {key or 'params.yaml'} has: {', '.join(fields)})")
-        missing = [n for n in fields if n not in value]
+        missing = [n for n in fields if n not in value]  # no defaults in code: params.yaml holds every value
         if missing:
             _fail(where, ".".join(filter(None, [key, missing[0]])), "missing")
         out = {}
@@ -127,7 +128,7 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
         if not isinstance(value, list):
             _fail(where, key, f"expected a list, got {value!r}")
         items = [build(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)]
-        if not items or len(set(map(repr, items))) != len(items):
+        if not items or len(set(map(repr, items))) != len(items):  # a repeated seed or arm would run twice
             _fail(where, key, f"expected a non-empty list of distinct values, got {value!r}")
         return items
     if origin is dict:
@@ -138,11 +139,11 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
                 _fail(where, f"{key}.{k}", "a name of letters, digits, '_' and '-' only (it becomes a stage id "
                       "and an output path)")
         return {str(k): build(args[1], v, where, f"{key}.{k}") for k, v in value.items()}
-    if cls is float and isinstance(value, int) and not isinstance(value, bool):
+    if cls is float and isinstance(value, int) and not isinstance(value, bool):  # YAML reads `1` as an int
         value = float(value)
     if cls is str and value is None:
         _fail(where, key, "expected a string, got nothing (write '' for an empty one)")
-    if not isinstance(value, cls) or (cls is int and isinstance(value, bool)):
+    if not isinstance(value, cls) or (cls is int and isinstance(value, bool)):  # bool is an int subclass
         _fail(where, key, f"expected {cls.__name__}, got {value!r} ({type(value).__name__})")
     if cls is float and math.isnan(value):
         _fail(where, key, "expected a number, got NaN")

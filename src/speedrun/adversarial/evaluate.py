@@ -24,14 +24,14 @@ NATURAL = "natural"
 
 def ordered_cycles(cycles: dict[str, dict]) -> dict[str, dict]:
     """adversarial.cycles (as plain dicts) in cycle order: "2" before "10"."""
-    return dict(sorted(cycles.items(), key=lambda kv: (len(kv[0]), kv[0])))
+    return dict(sorted(cycles.items(), key=lambda kv: (len(kv[0]), kv[0])))  # numeric order of digit strings
 
 
 def policy_dirs(cycles: dict[str, dict], adv_dir: Path) -> dict[str, Path]:
     """{policy id: checkpoint dir}: each cycle's starting policy (its prev) and its GRPO output."""
     out: dict[str, Path] = {}
     for key, c in cycles.items():
-        out.setdefault(str(c["prev"]), Path(c["init"]))
+        out.setdefault(str(c["prev"]), Path(c["init"]))  # policy 0 exists only as cycle 1's init
         out[key] = Path(adv_dir) / f"cycle_{key}" / "policy"
     return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
@@ -47,11 +47,12 @@ def cycle_rows(cycles: dict[str, dict], disc_metrics: dict[str, dict], grpo_metr
             "prev": int(prev), "init": c["init"],
             "disc": {k: d.get(k) for k in ("head", "auc_pure", "mae_k_frac", "mae_k_frac_baseline",
                                            "switch_error_tokens", "token_accuracy", "steps", "stopped_early")},
+            # the same discriminator scores both: did GRPO move the policy towards what it calls natural?
             "reward_before": crossplay[key][prev], "reward_after": crossplay[key][key],
             "reward_natural": crossplay[key][NATURAL],
             "grpo": {k: g.get(k) for k in ("reward_first", "reward_last", "steps", "stop_reason", "kl_last")},
             "val_bpb_before": before, "val_bpb_after": after, "val_bpb_delta": round(after - before, 5),
-            "val_bpb_within_bound": bool(after - before <= bpb_bound),
+            "val_bpb_within_bound": bool(after - before <= bpb_bound),  # the KL anchor kept the language model
             "distinct_1": policies[key]["distinct_1"], "distinct_2": policies[key]["distinct_2"],
             "distinct_2_before": policies[prev]["distinct_2"],
         }
@@ -106,6 +107,7 @@ def plot_cycles(result: dict, path: Path) -> None:
     ax.set(title="val bits per byte (held-out corpus)", ylabel="bpb")
     ax = fig.add_subplot(1, 2, 2)
     x = np.arange(len(cyc))
+    # auc_pure is None when a split had no fully generated window: drawn as 0, the table says n/a
     ax.bar(x - 0.2, [c["disc"]["auc_pure"] or 0 for c in cyc.values()], 0.4, label="AUC pure nat. vs gen.")
     ax.bar(x + 0.2, [c["disc"]["mae_k_frac"] for c in cyc.values()], 0.4, label="MAE of K/N")
     ax.axhline(0.5, color="#7f7f7f", linestyle="--", linewidth=1, label="chance AUC")
@@ -122,7 +124,7 @@ def _f(x, fmt: str = ".3f") -> str:
 
 def _cell(text: str, limit: int = 300) -> str:
     text = text if len(text) <= limit else text[:limit] + "…"
-    return text.replace("|", "\\|").replace("\n", " ⏎ ")
+    return text.replace("|", "\\|").replace("\n", " ⏎ ")  # one table cell: no pipe, no line break
 
 
 def write_section(result: dict, samples: dict[str, list[str]], logs: dict[str, pd.DataFrame], out_md: Path,

@@ -11,13 +11,15 @@ from speedrun.common import stable_seed
 from speedrun.tokenizer import Tokenizer
 
 
-def pack_documents(texts: list[str], tok: Tokenizer) -> torch.Tensor:
-    """One long stream: <|bos|> doc <|bos|> doc ... (int32)."""
-    ids: list[int] = []
-    for doc in tok.encode_batch(texts):
-        ids.append(tok.bos_id)
-        ids.extend(doc)
-    return torch.tensor(ids, dtype=torch.int32)
+def pack_documents(texts: list[str], tok: Tokenizer, chunk_docs: int = 1024) -> torch.Tensor:
+    """One long stream: <|bos|> doc <|bos|> doc ... (int32), encoded chunk_docs documents at a time: the corpus's
+    tokens never sit in one Python list (about 45 bytes per int there, 4 in the tensor)."""
+    bos = torch.tensor([tok.bos_id], dtype=torch.int32)
+    parts = [torch.zeros(0, dtype=torch.int32)]
+    for i in range(0, len(texts), chunk_docs):
+        for doc in tok.encode_batch(texts[i:i + chunk_docs]):
+            parts += [bos, torch.tensor(doc, dtype=torch.int32)]
+    return torch.cat(parts)
 
 
 def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -25,6 +27,7 @@ def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
     n = (len(stream) - 1) // seq_len
     if n < 1:
         raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {seq_len + 1}")
+    # window i is tokens [i*seq_len, (i+1)*seq_len]: one token shared with the next window, as its first input
     idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
     return stream[idx].long()
 
@@ -47,9 +50,9 @@ class StepSampler:
         if self.batch % world:
             raise ValueError(f"batch_size {self.batch} is not divisible by {world} processes")
         ids = []
-        for j in range(step * self.batch, (step + 1) * self.batch):
+        for j in range(step * self.batch, (step + 1) * self.batch):  # the run's j-th sample: epoch j // n, slot j % n
             ids.append(int(self._perm(j // self.n)[j % self.n]))
-        mine = ids[rank::world]
+        mine = ids[rank::world]  # strided, so each rank's share stays the same size and the union is the batch
         m = self.micro or len(mine)
         return [mine[i:i + m] for i in range(0, len(mine), m)]
 
@@ -74,7 +77,7 @@ def pad_conversations(rendered: list[tuple[list[int], list[int]]], max_len: int,
         ids_t, mask_t = torch.tensor(ids[: T + 1]), torch.tensor(mask[: T + 1], dtype=torch.bool)
         n = len(ids_t) - 1
         x[i, :n] = ids_t[:-1]
-        y[i, :n] = torch.where(mask_t[1:], ids_t[1:], -1)
+        y[i, :n] = torch.where(mask_t[1:], ids_t[1:], -1)  # the mask marks the token predicted, not the input
     return x, y
 
 
@@ -119,7 +122,7 @@ def bits_per_byte(model: torch.nn.Module, win: torch.Tensor, tbytes: torch.Tenso
         w = win[i:i + batch_size].to(device)
         loss = model(w[:, :-1], w[:, 1:], reduction="none").float()
         b = tbytes.to(device)[w[:, 1:]]
-        nats += float((loss * (b > 0)).sum())
+        nats += float((loss * (b > 0)).sum())  # special tokens (0 bytes) are not text: their loss does not count
         nbytes += int(b.sum())
     return nats / (math.log(2) * max(nbytes, 1))
 
