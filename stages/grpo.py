@@ -52,7 +52,7 @@ def main(p, io, variant: str, seed: int) -> None:
     require_reward_signal(rm.head.weight, rm.reward_std, str(io.rm_dir))
     texts = [msgs[-1]["content"] for msgs in df["prompt"]]
     groups = df["group"].tolist()
-    weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev)
+    weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev, d)
     draws = torch.zeros(len(ids), dtype=torch.long)
     step_idx = torch.zeros(0, dtype=torch.long)  # the prompts of the step being scored
     dense = dense_groups(groups, p.grpo.controls.dense_modules)

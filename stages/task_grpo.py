@@ -60,7 +60,7 @@ def main(p, io, arm: str, seed: int) -> None:
     rm = load_task_rm(io.rm_dir, dev) if v.reward == "rm" else None
     texts = [i.prompt() for i in items]
     groups = [i.cluster for i in items]
-    weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev)
+    weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev, d)
     draws = torch.zeros(len(ids), dtype=torch.long)
     step_idx = torch.zeros(0, dtype=torch.long)
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))

@@ -236,3 +236,36 @@ def test_on_the_real_prompt_set_density_weights_move_mass_from_crowded_modules(o
     same = name_embeddings(["What does `tkinter.ttk.Button.invoke` do?", "Explain `tkinter.ttk.Button.state`."])
     other = name_embeddings(["What does `json.dumps` do?"])
     assert float(same[0] @ same[1]) == pytest.approx(1.0) and float(same[0] @ other[0]) == 0.0
+
+
+ISOLATED = ["pick a month", "choose a colour please", "say the name of a fruit", "list one animal", "spell a vowel"]
+
+
+def _weights_worker(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from speedrun.config import DensityConfig
+    from speedrun.rl.prompts import sampling_weights
+    from speedrun.train.distributed import Dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    texts = [f"name a number between {i} and {i + 7}" for i in range(30)] + ISOLATED
+    density = DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words")
+    w = sampling_weights("density", None, [[1]] * len(texts), texts, ["g"] * len(texts), density, "cpu",
+                         Dist(rank, 2, "cpu"))
+    torch.save(w, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_density_weights_computed_on_rank_0_reach_every_rank(tmp_path):
+    """Under several processes the O(N^2) k-NN runs once, on rank 0, and every rank gets its exact weights."""
+    import torch.multiprocessing as mp
+
+    from speedrun.config import DensityConfig
+    from speedrun.rl.prompts import sampling_weights
+    mp.spawn(_weights_worker, args=(str(tmp_path / "init"), str(tmp_path / "w")), nprocs=2, join=True)
+    texts = [f"name a number between {i} and {i + 7}" for i in range(30)] + ISOLATED
+    one = sampling_weights("density", None, [[1]] * len(texts), texts, ["g"] * len(texts),
+                           DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words"), "cpu")
+    for r in range(2):
+        assert torch.equal(torch.load(tmp_path / f"w.{r}", weights_only=True), one)
+    assert one.max() > one.min()  # not uniform: the last five prompts are isolated, the numbers a crowd

@@ -11,6 +11,8 @@ from speedrun.config import DensityConfig
 from speedrun.rl.controls import balanced_weights
 from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights, word_embeddings
 from speedrun.tokenizer import Tokenizer
+from speedrun.train import distributed
+from speedrun.train.distributed import Dist
 
 
 def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) -> tuple[pd.DataFrame, list[list[int]]]:
@@ -47,9 +49,14 @@ def pool_subset(df: pd.DataFrame, ids: list[list[int]], pool: int) -> tuple[pd.D
 
 
 def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
-                     groups: list[str], density: DensityConfig, device: str) -> torch.Tensor:
+                     groups: list[str], density: DensityConfig, device: str, d: Dist | None = None) -> torch.Tensor:
     """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the embedding density.embedding
-    (isolated prompts drawn more often); uniform: equal weights; balanced: every group the same total weight."""
+    (isolated prompts drawn more often); uniform: equal weights; balanced: every group the same total weight.
+    Under several processes (d) rank 0 computes them (the k-NN is O(N^2)) and broadcasts them to the others."""
+    if d is not None and d.world > 1:
+        w = (sampling_weights(variant, model, ids, texts, groups, density, device) if d.is_main
+             else torch.empty(len(ids), dtype=torch.float64))
+        return distributed.broadcast(w, d)
     if variant == "uniform":
         return torch.full((len(ids),), 1.0 / len(ids), dtype=torch.float64)
     if variant == "balanced":
@@ -61,5 +68,5 @@ def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]],
             emb = name_embeddings(texts)
         else:  # sft_idf / sft_mean: the SFT model's hidden states, idf-weighted or plain mean over the prompt
             emb = embed_prompts(model, ids, 64, device, density.embedding.removeprefix("sft_"))
-        return prompt_weights(emb, density.k, density.alpha, density.max_ratio)
+        return prompt_weights(emb.to(device), density.k, density.alpha, density.max_ratio)  # k-NN on the device
     raise ValueError(f"sampling must be density, uniform or balanced, not {variant!r}")

@@ -56,6 +56,15 @@ def all_gather_cat(x: torch.Tensor, d: Dist) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def broadcast(x: torch.Tensor, d: Dist) -> torch.Tensor:
+    """Rank 0's x on every rank (same shape and dtype on every rank), on x's device."""
+    if d.world == 1:
+        return x
+    y = x.to(d.device).contiguous()  # nccl moves device tensors only
+    dist.broadcast(y, 0)
+    return y.to(x.device)
+
+
 def all_reduce_grads(params: list[torch.nn.Parameter], d: Dist) -> None:
     """Sum the gradients over ranks, in one flat buffer (a parameter without a gradient counts as zeros)."""
     if d.world == 1:
