@@ -44,10 +44,13 @@ def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
     (tmp_path / "reports/metrics/task_grpo").mkdir(parents=True)
     (tmp_path / "reports/task.md").write_text("# report\n")
     (tmp_path / "reports/metrics/task.json").write_text("{}")
-    for s in (301, 302):
-        (tmp_path / f"reports/metrics/task_grpo/checker_s{s}.json").write_text(json.dumps({"seed": s}))
+    (tmp_path / "reports/metrics/task_grpo/checker_s301.json").write_text(json.dumps({"seed": 301}))
     (tmp_path / "outs/task_eval").mkdir(parents=True)
     pd.DataFrame({"text": ["`13`"]}).to_parquet(tmp_path / "outs/task_eval/answers.parquet")
+    with pytest.raises(SystemExit, match=r"runs \['checker_s302'\]"):
+        experiment.keep(folder, "task", tmp_path)
+    for s in (1, 302):  # checker_s1: the committed run's, left in the workspace: not this experiment's
+        (tmp_path / f"reports/metrics/task_grpo/checker_s{s}.json").write_text(json.dumps({"seed": s}))
     written = experiment.keep(folder, "task", tmp_path)
     assert sorted(p.relative_to(folder).as_posix() for p in written) == [
         "answers.parquet", "metrics/task.json", "metrics/task_grpo.json", "task.md"]

@@ -20,6 +20,7 @@ import yaml
 
 from speedrun.common import write_bytes, write_text
 
+SECTION = {"task": "task", "chat": "grpo"}  # where each track's params name its arms (run) and seeds
 TRACKS = {  # what each track's evaluation writes: report, metrics, per-run metrics folder, samples
     "task": ("reports/task.md", "reports/metrics/task.json", "reports/metrics/task_grpo",
              "outs/task_eval/answers.parquet"),
@@ -61,13 +62,18 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
                folder / samples.name]
     for src, dst in ((report, written[0]), (metrics, written[1]), (samples, written[3])):
         write_bytes(dst, src.read_bytes())
-    runs = {p.stem: json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))}
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    names = [f"{arm}_s{seed}" for arm in params[SECTION[track]]["run"] for seed in params[SECTION[track]]["seeds"]]
+    missing = [n for n in names if not (runs_dir / f"{n}.json").exists()]
+    if missing:
+        raise SystemExit(f"{runs_dir}: no metrics of the experiment's runs {missing} (did the run finish?)")
+    runs = {n: json.loads((runs_dir / f"{n}.json").read_text()) for n in names}  # only this experiment's runs
     write_text(written[2], json.dumps(runs, indent=1, sort_keys=True) + "\n")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                             check=True).stdout.strip()
     base = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=root, capture_output=True,
                                          text=True, check=True).stdout)
-    diff = overrides(base, yaml.safe_load((root / "params.yaml").read_text()))
+    diff = overrides(base, params)
     notes = [f"params: the repository's `params.yaml` at commit `{commit}` with `{override_args(diff)}`",
              f"`{written[2].relative_to(folder)}`: every GRPO run's metrics, one key per run (`<arm>_s<seed>`)",
              f"`{samples.name}`: every {'answer' if track == 'task' else 'response'} the evaluation sampled"]
