@@ -59,7 +59,8 @@ def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_st
                    for i in range(max(64, prompts_per_step))]
     cfg = replace(params.load().grpo.train, steps=steps + 1, prompts_per_step=prompts_per_step,
                   group_size=group_size, max_new_tokens=max_new_tokens, beta=params.load().beta, seed=0,
-                  bf16=use_bf16(dtype, device), decode=decode, warm_up=current_width_step() > 1 and device == "cuda")
+                  bf16=use_bf16(dtype, device), entropy_bonus=0.0, decode=decode,
+                  warm_up=current_width_step() > 1 and device == "cuda")
     what = f"trained outs/sft + outs/rm, {'stop token' if stop_id is not None else 'no stop token'}" if trained else \
         "random init, no stop token"
     print(f"{what}: GPT depth "

@@ -44,7 +44,7 @@ def main(p, io, cycle: str) -> None:
     threshold = c.reward_threshold if c.reward == "prob" else math.log(c.reward_threshold / (1 - c.reward_threshold))
     cfg = dataclasses.replace(c, temperature=a.temperature, max_new_tokens=a.seq_len - 1, beta=p.beta, seed=p.seed,
                               bf16=use_bf16(p.compute.dtype, device), reward_threshold=threshold,
-                              decode=p.compute.decode, warm_up=device.startswith("cuda"))
+                              entropy_bonus=0.0, decode=p.compute.decode, warm_up=device.startswith("cuda"))
     draw = lambda step, g: torch.randperm(len(pool), generator=g)[:c.prompts_per_step]  # noqa: E731
     print(f"adv_grpo@{cycle}: policy {init_dir} vs discriminator {io.disc_dir} ({disc_meta['head']} head), "
           f"{len(pool)} prompts, reward {c.reward}, beta {p.beta}")

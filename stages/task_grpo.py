@@ -49,7 +49,7 @@ def main(p, io, arm: str, seed: int) -> None:
     dev = d.device
     use_shapes(p.compute.width_step, dev)
     cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
-                              decode=p.compute.decode, warm_up=dev.startswith("cuda"))
+                              entropy_bonus=0.0, decode=p.compute.decode, warm_up=dev.startswith("cuda"))
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = pool_subset(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), cfg.pool)

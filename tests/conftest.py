@@ -30,6 +30,16 @@ def committed(section: str, **changes):
     return dataclasses.replace(params.value_at(params.load(REPO / "params.yaml"), section), **changes)
 
 
+def grpo_config(section: str = "grpo.train", **changes):
+    """A GRPO config of the committed params for library tests: what a stage sets at run time given neutral values
+    (no KL, no entropy bonus, seed 0, fp32, the dynamic decode, no warm-up; adversarial: temperature 1), then
+    `changes`."""
+    run = {"beta": 0.0, "entropy_bonus": 0.0, "seed": 0, "bf16": False, "decode": "dynamic", "warm_up": False}
+    if section == "adversarial.grpo":
+        run |= {"temperature": 1.0}
+    return committed(section, **{**run, **changes})
+
+
 def train_config(**changes):
     """A TrainConfig for library tests: the committed pretrain schedule, no early stopping, no scratch saves."""
     return committed("pretrain", **{"warmup_steps": 10, "patience": 0, "min_delta": 0.0, "save_every": 0, **changes})

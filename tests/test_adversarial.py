@@ -4,7 +4,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from conftest import committed, run_module, train_config
+from conftest import grpo_config, run_module, train_config
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
@@ -151,7 +151,7 @@ def test_grpo_reward_cuts_completions_at_n_tokens(split_windows):
     policy, ref = tiny_gpt(tok.vocab_size, 1), tiny_gpt(tok.vocab_size, 1)
     disc = Discriminator(tiny_gpt(tok.vocab_size, 1), "token").eval()
     prompts, _ = adv.prompt_pool(wins["train"], 8, 0, "grpo")
-    cfg = committed("adversarial.grpo", steps=2, prompts_per_step=2, group_size=3, max_new_tokens=N - 1, lr=1e-3,
+    cfg = grpo_config("adversarial.grpo", steps=2, prompts_per_step=2, group_size=3, max_new_tokens=N - 1, lr=1e-3,
                     beta=0.04, warmup_steps=5, reward_threshold=float("inf"), patience=0)
     result = grpo_train(policy, ref, prompts, lambda step, g: torch.arange(2) + 2 * step, grpo_reward_fn(disc, N),
                         cfg, "cpu", stop_id=None, pad_id=tok.bos_id)

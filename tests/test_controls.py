@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import committed
+from conftest import grpo_config
 from speedrun import params
 from speedrun.engine import distribution_entropy, sequence_logprobs
 from speedrun.eval.compare import evaluate
@@ -78,7 +78,7 @@ def test_entropy_bonus_raises_the_policys_entropy_where_the_reward_says_nothing(
         for m in (policy, ref):
             torch.nn.init.normal_(m.lm_head.weight, std=1.0, generator=torch.Generator().manual_seed(1))  # peaked
         weights = torch.full((2,), 0.5, dtype=torch.float64)
-        cfg = committed("grpo.train", steps=6, prompts_per_step=2, group_size=4, max_new_tokens=4, lr=3e-2,
+        cfg = grpo_config("grpo.train", steps=6, prompts_per_step=2, group_size=4, max_new_tokens=4, lr=3e-2,
                         beta=0.0, warmup_steps=1, seed=0, entropy_bonus=eta)
         grpo_train(policy, ref, prompts, lambda step, g: draw_prompts(weights, 2, g),
                    lambda batch, s: torch.zeros(len(s.tokens)), cfg, "cpu", stop_id=None, pad_id=0)

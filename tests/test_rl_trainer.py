@@ -1,12 +1,13 @@
 """The GRPO loop on a toy task: it samples, its ratio starts at exactly the sampling distribution,
 and it raises a reward that only sampling can discover."""
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from speedrun.model import GPT, GPTConfig
 from speedrun.rl.density import draw_prompts
-from conftest import committed
+from conftest import committed, grpo_config
 from speedrun.rl.trainer import grpo_train
 from speedrun.train.distributed import Dist
 
@@ -26,7 +27,7 @@ def run(steps: int, beta: float = 0.0, inner_updates: int = 1, seed: int = 0, st
     prompts = [[1, 2], [1, 3, 4], [1, 6], [1, 7, 8, 9]]
     weights = torch.full((len(prompts),), 0.25, dtype=torch.float64)
     reward = lambda batch, s: ((s.tokens == TARGET).float() * s.mask).sum(1) / s.mask.sum(1)  # noqa: E731
-    cfg = committed("grpo.train", steps=steps, prompts_per_step=2, group_size=8, max_new_tokens=6, lr=3e-2, beta=beta,
+    cfg = grpo_config("grpo.train", steps=steps, prompts_per_step=2, group_size=8, max_new_tokens=6, lr=3e-2, beta=beta,
                     inner_updates=inner_updates, warmup_steps=1, seed=seed, truncated=truncated, **extra)
     return policy, ref, grpo_train(policy, ref, prompts, lambda step, g: draw_prompts(weights, 2, g), reward, cfg,
                                    "cpu", stop_id=stop_id, pad_id=0, d=d)
@@ -105,3 +106,12 @@ def test_two_processes_train_as_one(tmp_path):
             gap = (r["state"][name] - w).abs().max().item()
             assert gap <= 1e-2 * moved + 1e-6, (name, gap, moved)
     assert one.log[-1]["kl"] > 0 and any(row["truncated_frac"] > 0 for row in one.log)  # the checks had work
+
+
+def test_grpo_refuses_a_config_its_stage_did_not_finish():
+    """A run-time field left unset (None) stops the trainer by name: no placeholder passes for a setting."""
+    cfg = committed("grpo.train", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2)
+    weights = torch.full((2,), 0.5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"\['beta', 'entropy_bonus', 'seed', 'bf16', 'decode', 'warm_up'\]"):
+        grpo_train(toy_policy(0), toy_policy(0), [[1, 2], [1, 3]], lambda step, g: draw_prompts(weights, 2, g),
+                   lambda batch, s: torch.zeros(len(s.tokens)), cfg, "cpu", stop_id=None, pad_id=0)

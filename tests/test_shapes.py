@@ -3,7 +3,7 @@ presents a few dozen attention shapes, all met at the start when it warms up."""
 import pytest
 import torch
 
-from conftest import committed
+from conftest import grpo_config
 from speedrun.engine import generate, length_groups, sequence_logprobs
 from speedrun.model import GPT, GPTConfig
 from speedrun.reward.preference import RewardModel
@@ -85,7 +85,7 @@ def micro_grpo(decode: str, warm_up: bool, steps: int = 12):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 24, (int(torch.randint(11, 33, (1,), generator=g)),), generator=g).tolist()
                for _ in range(64)]
-    cfg = committed("grpo.train", steps=steps, decode=decode, seed=0, warm_up=warm_up)
+    cfg = grpo_config("grpo.train", steps=steps, decode=decode, seed=0, warm_up=warm_up)
     return grpo_train(policy, ref, prompts, lambda step, gen: torch.randperm(64, generator=gen)[:cfg.prompts_per_step],
                       lambda b, s: score_samples(rm, b, s, 0), cfg, "cpu", stop_id=2, pad_id=0).log
 

@@ -3,6 +3,7 @@ file mirrors its layout (a dataclass per section) and speedrun.params loads and 
 are not knobs: the stage sets them from other knobs (bf16 from compute.dtype, a GRPO run's seed from its id)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -169,7 +170,9 @@ class RMConfig(TrainConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class GRPOConfig:
-    """The GRPO loop shared by the preference track and the adversarial cycles (speedrun.rl.trainer)."""
+    """The GRPO loop shared by the preference and task tracks and the adversarial cycles (speedrun.rl.trainer): the
+    knobs every track reads from params.yaml, then the fields a track or its stage sets. Those are None until set,
+    and the trainer refuses to start with one unset: no placeholder value can pass for a setting."""
     steps: int = knob("GRPO steps (at most)", ge=1)
     prompts_per_step: int = knob("B: prompts drawn per step", ge=1)
     group_size: int = knob("G: completions sampled per prompt", ge=2)
@@ -181,18 +184,21 @@ class GRPOConfig:
     grad_clip: float = knob("max gradient norm", gt=0)
     top_k: int = knob("top-k sampling (0 = off)", ge=0)
     top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
-    temperature: float = derived(1.0)  # GRPO's sampling temperature (a knob of each track)
-    max_new_tokens: int = derived(1)  # completion budget (a knob of each track)
-    truncated: str = derived("keep")  # keep | mask: completions that hit max_new_tokens without the stop token
-    reward_threshold: float = derived(float("inf"))  # stop once a step's mean reward reaches this
-    patience: int = derived(0)  # stop after this many steps without the reward moving average improving (0 = off)
-    min_delta: float = derived(0.0)
-    beta: float = derived(0.0)  # the top-level beta
-    entropy_bonus: float = derived(0.0)  # eta: + eta * the policy's per-token entropy in the objective (a variant's)
-    seed: int = derived(0)
-    bf16: bool = derived(False)
-    decode: str = derived("dynamic")  # compute.decode: how generate() decodes
-    warm_up: bool = derived(False)  # one dummy step per prompt width before step 0 (on CUDA: plans and graphs)
+    # knobs of one track, set by the other: sampling and truncation (preference/task knobs; adversarial: its stage)
+    temperature: float = derived(None)
+    max_new_tokens: int = derived(None)
+    truncated: str = derived(None)  # keep | mask: completions that hit max_new_tokens without the stop token
+    # early stopping (adversarial knobs; the preference and task tracks run every step)
+    reward_threshold: float = derived(None)  # stop once a step's mean reward reaches this
+    patience: int = derived(None)  # stop after this many steps without the reward moving average improving (0 = off)
+    min_delta: float = derived(None)
+    # set by the stage for each run
+    beta: float = derived(None)  # the top-level beta
+    entropy_bonus: float = derived(None)  # eta: + eta * the policy's per-token entropy in the objective (a variant's)
+    seed: int = derived(None)
+    bf16: bool = derived(None)
+    decode: str = derived(None)  # compute.decode: how generate() decodes
+    warm_up: bool = derived(None)  # one dummy step per prompt width before step 0 (on CUDA: plans and graphs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +211,10 @@ class PromptGRPOConfig(GRPOConfig):
                                               "the loss) | mask (out of the loss, still in their group's advantages)")
     pool: int = knob("train prompts GRPO draws from: a fixed random subset of this many, the same for every arm "
                      "(0 = all); smaller pools make prompts repeat within a run", ge=0)
+    # no early stop: every arm and seed takes its steps, so the arms' budgets are equal
+    reward_threshold: float = derived(math.inf)
+    patience: int = derived(0)
+    min_delta: float = derived(0.0)
 
 
 @dataclass(frozen=True)
@@ -362,6 +372,7 @@ class AdvGRPOConfig(GRPOConfig):
     patience: int = knob("or once the reward's moving average stops improving by min_delta for this many steps "
                          "(0 = off)", ge=0)
     min_delta: float = knob("improvement of the moving average that resets patience", ge=0)
+    truncated: str = derived("keep")  # a completion runs to the window's end: none is cut short of a stop token
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ mu = 1 the ratio is 1 and the gradient is the plain policy gradient of the distr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -50,6 +50,9 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
     scores its contiguous share of them, the rewards are gathered (advantages and logs see the whole batch), the
     loss divides by the global token count and the gradients are summed: the same step as one process, up to
     float rounding. reward_fn sees this rank's share."""
+    unset = [f.name for f in fields(cfg) if getattr(cfg, f.name) is None]
+    if unset:
+        raise ValueError(f"{name}: GRPO config fields {unset} are not set (a stage sets them with dataclasses.replace)")
     d = d or Dist(0, 1, device)
     stream = stream or name
     ref.eval().requires_grad_(False)
