@@ -72,9 +72,9 @@ def _rows(keys: np.ndarray, n: int) -> np.ndarray:
 def ngram_vocab(texts: Iterable[str], n_max: int = 3, chunk_rows: int = 1 << 21) -> list[int]:
     """Distinct word n-grams (n = 1..n_max) of a reference text (the pretraining corpus): a V for EAD that does not
     move with the models being compared. Exact and lean: words become int ids and the n-grams seen so far are kept
-    deduplicated in one int64 array per n (merged with np.unique every chunk_rows new ones), an n-gram packed into
-    one int64 while word ids fit BITS bits (n <= 3), else as a row of n ids: memory grows with the distinct n-grams
-    at 8 (or n x 8) bytes each, not as Python tuples in sets."""
+    deduplicated in one sorted int64 array per n (every chunk_rows new ones, the unseen are inserted), an n-gram
+    packed into one int64 while word ids fit BITS bits (n <= 3), else as a row of n ids: memory grows with the
+    distinct n-grams at 8 (or n x 8) bytes each, not as Python tuples in sets."""
     if n_max * BITS > 63:
         raise ValueError(f"ngram_vocab: n_max {n_max} > {63 // BITS}")
     ids: dict[str, int] = {}
@@ -86,8 +86,11 @@ def ngram_vocab(texts: Iterable[str], n_max: int = 3, chunk_rows: int = 1 << 21)
         new = np.concatenate(pending[j]) if pending[j] else np.empty((0, j + 1), dtype=np.int64)
         if distinct[j].ndim == 1 and len(ids) >= 1 << BITS:  # ids no longer fit a key: unpack what is kept
             distinct[j] = _rows(distinct[j], j + 1)
-        if distinct[j].ndim == 1:
-            distinct[j] = np.unique(np.concatenate([distinct[j], _keys(new)]))
+        if distinct[j].ndim == 1:  # sorted keys: insert the chunk's unseen ones, no re-sort of all kept so far
+            keys = np.unique(_keys(new))
+            at = np.searchsorted(distinct[j], keys)
+            seen = distinct[j][np.minimum(at, len(distinct[j]) - 1)] == keys if len(distinct[j]) else at < 0
+            distinct[j] = np.insert(distinct[j], at[~seen], keys[~seen])
         else:
             distinct[j] = np.unique(np.concatenate([distinct[j], new]), axis=0)
         pending[j], held[j] = [], 0
