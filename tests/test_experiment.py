@@ -58,6 +58,8 @@ def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
                                                                            "checker_s302": {"seed": 302}}
     readme = (folder / "README.md").read_text()
     assert readme.startswith("# x\n\n## Plan\n\n## Files") and "-S 'task.seeds=[301,302]'" in readme
+    experiment.keep(folder, "task", tmp_path)  # kept again (a rerun): the one Files section is replaced
+    assert (folder / "README.md").read_text() == readme
 
 
 def test_replot_draws_a_chat_experiment_from_its_metrics(tmp_path):

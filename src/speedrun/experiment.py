@@ -79,7 +79,9 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
              f"`{samples.name}`: every {'answer' if track == 'task' else 'response'} the evaluation sampled"]
     if track == "chat":
         notes.append(f"figures: `python -m speedrun.eval.replot {folder}` draws them into `figures/` (not committed)")
-    old = readme.read_bytes().decode("utf-8").rstrip("\n")
+    old = readme.read_bytes().decode("utf-8")
+    old = old[:old.index("\n## Files\n")] if "\n## Files\n" in old else old  # kept again: the section replaced
+    old = old.rstrip("\n")
     write_text(readme, old + "\n\n## Files\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     return written
 
