@@ -3,6 +3,7 @@
 #   OUT=/tmp/gpu_speed bash bench/gpu_speed.sh                 # PARTS="grpo pretrain sampler"
 #   OUT=/tmp/gpu_speed PARTS=trained bash bench/gpu_speed.sh   # needs outs/sft, outs/rm, outs/tokenizer, data/prompts
 #   OUT=/tmp/gpu_speed PARTS=ladder bash bench/gpu_speed.sh    # the same, issue 44's figures (about 4 minutes)
+#   OUT=/tmp/gpu_speed PARTS=step BASE=gpu_base bash bench/gpu_speed.sh   # the step's phases, against BASE's code
 # grpo: GRPO step completion tokens/s at depth 8, random init, no stop token (8 x 8 x 48, the old reports/gpu
 #   figure, and 256 x 16 x 48, a batch that fills the device), eager ("dynamic") against the CUDA-graph decode
 #   ("compiled"). A step's first use of a shape pays one-off costs: the median is over --steps after one warm-up
@@ -15,6 +16,10 @@
 #   decode, cuDNN attention off (the stages' setting) and allowed; the same step without the stop token (fixed
 #   shapes: the reference figure); 64 x 16; the onpolicy_pairs stage's sampling (bench/onpolicy_throughput.py,
 #   cuDNN attention off, as the stage runs), exact against the ladder.
+# step: the trained stop-token step on the stages' CUDA settings (ladder, captured decode, cuDNN attention off) and
+#   the same step without the stop token, alternating with BASE's code where given; one forward per batch against
+#   the CPU's grouping (--forward-cost 32); where the step's time goes (bench/grpo_phases.py); 64 x 16; the eager
+#   decode; on-policy sampling.
 # pretrain: MFU at depth 16 (batch 32 x 1024, vocab 32768, bf16 compiled) against the published 989 TFLOP/s and
 #   a measured 8192^3 peak. sampler: engine.generate alone (8 x 8 and 256 x 16 rows x 64 tokens, three decodes).
 # Each bench runs under its own time limit, so one that fails or hangs leaves the others their figures; full logs
@@ -62,6 +67,25 @@ if has ladder; then
   run ladder_8x8_compiled_w64_nostop 40 $T compiled --width-step 64 --steps 8 --no-stop --no-cudnn-sdpa
   run ladder_64x16_compiled_w64 45 $T compiled --width-step 64 --steps 6 --prompts-per-step 64 --group-size 16 \
     --no-cudnn-sdpa
+  run onpolicy 45 python3 bench/onpolicy_throughput.py --device cuda --threads 8 --prompts 1024 --steps 1,64
+fi
+if has step; then  # the stop-token step against the fixed-shape one, this tree and (BASE=dir: a copy of another
+  # commit's src/ and bench/, e.g. `git archive HEAD src bench | tar -x -C gpu_base`) the tree it is compared with
+  T="$G --trained --decode compiled --width-step 64 --no-cudnn-sdpa"
+  for round in 1 2; do  # alternating: the device's clocks drift
+    if [ -n "${BASE:-}" ]; then
+      run base_stop_r$round 45 env PYTHONPATH=$BASE/src python3 $BASE/bench/grpo_throughput.py --device cuda --dtype bf16 \
+        --threads 8 --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 10
+      [ $round = 1 ] && run base_nostop 40 env PYTHONPATH=$BASE/src python3 $BASE/bench/grpo_throughput.py --device cuda \
+        --dtype bf16 --threads 8 --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 10 --no-stop
+    fi
+    run stop_r$round 45 $T --steps 10
+    [ $round = 1 ] && run stop_cost32 45 $T --steps 10 --forward-cost 32
+    [ $round = 1 ] && run nostop 40 $T --steps 10 --no-stop
+  done
+  run phases_stop 45 python3 bench/grpo_phases.py --device cuda --dtype bf16 --threads 8 --decode compiled --steps 10
+  run stop_64x16 45 $T --steps 6 --prompts-per-step 64 --group-size 16
+  run stop_dynamic 40 $G --trained --decode dynamic --width-step 64 --no-cudnn-sdpa --steps 8
   run onpolicy 45 python3 bench/onpolicy_throughput.py --device cuda --threads 8 --prompts 1024 --steps 1,64
 fi
 if has pretrain; then

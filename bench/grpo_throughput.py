@@ -26,17 +26,20 @@ from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
-from speedrun.shapes import resolve_width_step, set_width_step, width_step as current_width_step
+from speedrun.shapes import forward_cost as current_forward_cost, set_forward_cost, use_shapes
+from speedrun.shapes import width_step as current_width_step
 from speedrun.train.checkpoint import load_model
 
 
 def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_step: int = 8, group_size: int = 8,
          max_new_tokens: int = 48, steps: int = 6, threads: int = 2, device: str = "auto", dtype: str = "auto",
          decode: str = "dynamic", trained: bool = False, stop: bool = True, width_step: int = -1,
-         cudnn_sdpa: bool = False) -> None:
+         cudnn_sdpa: bool = False, forward_cost: int = -1) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
-    set_width_step(resolve_width_step(params.load().compute.width_step if width_step < 0 else width_step, device))
+    use_shapes(params.load().compute.width_step if width_step < 0 else width_step, device)  # the stages' settings
+    if forward_cost >= 0:
+        set_forward_cost(forward_cost)
     if device == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
     torch.manual_seed(0)
@@ -67,7 +70,7 @@ def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_st
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s)"
           f"{'' if device != 'cuda' else ', cuDNN attention ' + ('allowed' if cudnn_sdpa else 'off')}, "
-          f"width step {current_width_step()}, decode {decode}; "
+          f"width step {current_width_step()}, forward cost {current_forward_cost()}, decode {decode}; "
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -114,4 +117,7 @@ if __name__ == "__main__":
     ap.add_argument("--cudnn-sdpa", action=argparse.BooleanOptionalAction, default=False,
                     help="on CUDA, let scaled_dot_product_attention pick its cuDNN backend (the stages turn it off: "
                          "shapes.use_shapes; --no-cudnn-sdpa: flash / memory-efficient / math only)")
+    ap.add_argument("--forward-cost", type=int, default=-1,
+                    help="padded tokens one more forward costs when rows are grouped by length (-1: the device's "
+                         "value, shapes.use_shapes: 32 on CPU, one forward per batch on CUDA)")
     main(**vars(ap.parse_args()))

@@ -5,7 +5,8 @@ import torch
 
 import itertools
 
-from speedrun.engine import Samples, generate, length_groups, process_logits, real_width, sequence_logprobs
+from speedrun.engine import Samples, generate, process_logits, real_width, sequence_logprobs
+from speedrun.shapes import length_groups
 from speedrun.model import GPT, GPTConfig, KVCache
 
 torch.set_num_threads(1)

@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from conftest import grpo_config
-from speedrun.engine import generate, length_groups, sequence_logprobs
+from speedrun.engine import generate, sequence_logprobs
 from speedrun.model import GPT, GPTConfig
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
-from speedrun.shapes import ladder, ladder_sizes, resolve_width_step, round_up, using_width_step
+from speedrun.shapes import ONE_FORWARD, ladder, ladder_sizes, length_groups, resolve_width_step, round_up
+from speedrun.shapes import using_width_step
 
 torch.set_num_threads(1)
 
@@ -30,6 +31,16 @@ def test_ladder_groups_cover_every_row_once_on_ladder_sizes():
     assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n]
     assert all(len(g) in ladder_sizes(64) for g in groups)
     assert all(lengths[a] <= lengths[b] for g in groups for a, b in zip(g, g[1:]))
+
+
+def test_one_forward_per_batch_where_a_forward_costs_launches():
+    """On CUDA (shapes.use_shapes) a small forward's cost is its kernel launches: a batch on the row ladder runs as
+    one forward; on CPU rows of similar length run together, each group at its own width."""
+    lengths = [5, 48, 7, 13, 30, 1, 17, 33]
+    with using_width_step(64, forward_cost=ONE_FORWARD):
+        assert length_groups(lengths) == [sorted(range(8), key=lambda i: lengths[i])]
+    with using_width_step(16):
+        assert len(length_groups(lengths)) == 3
 
 
 def tiny(seed: int = 0, vocab: int = 32) -> GPT:
@@ -91,7 +102,7 @@ def micro_grpo(decode: str, warm_up: bool, steps: int = 12):
 
 
 def test_grpo_presents_a_bounded_set_of_shapes():
-    with using_width_step(64):  # a CUDA run's settings: width step 64, the captured (static) decode, warm-up
+    with using_width_step(64, forward_cost=ONE_FORWARD):  # a CUDA run's settings: the captured decode, warm-up
         cuda = micro_grpo("static", warm_up=True)
     assert cuda[-1]["attn_shapes"] <= 32 and all(r["attn_shapes_new"] == 0 for r in cuda)  # all met in the warm-up
     with using_width_step(16):  # the CPU ladder (compute.width_step: 16; the default there is exact), dynamic decode

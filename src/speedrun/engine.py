@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model import GPT, KVCache
-from speedrun.shapes import ladder, ladder_sizes, record, round_up, width_step
+from speedrun.shapes import ladder, length_groups, record, round_up, width_step
 from speedrun.tokenizer import Tokenizer
 
 
@@ -145,59 +145,49 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
         width = round_up(width, STATIC_WIDTH)
     cache = cache.expand(num_samples, width)
     last = last.repeat_interleave(num_samples, 0)  # replicated BEFORE the first draw: samples differ from token 1
-    step_fn = compiled_decode_step(device) if decode == "compiled" else GPT.decode_step
-
-    rows = torch.arange(N, device=device)  # output row of each cache row
-    alive = torch.ones(N, dtype=torch.bool, device=device)
-    for t in range(max_new_tokens):
-        lp = process_logits(last, temperature, top_k, top_p)
-        u = None if uniforms is None else uniforms[rows.to(uniforms.device), t]
-        nxt = _draw(lp, temperature, generator, u)
-        if static:  # rows never move: masked writes, no wait for the device per token (a GPU keeps its queue full)
-            tokens[:, t] = torch.where(alive, nxt, pad_id)
-            logprobs[:, t] = torch.where(alive, lp.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
-            mask[:, t] = alive.float()
-        else:
-            live_rows = rows[alive]
-            tokens[live_rows, t] = nxt[alive]
-            logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]
-            mask[live_rows, t] = 1.0
-        if on_token is not None:
-            on_token(rows[alive], nxt[alive])
-        if t == max_new_tokens - 1:
-            break
-        if stop_id is not None:
-            alive &= nxt != stop_id
-            if static:  # every STATIC_CHECK tokens (one wait for the device): have all rows ended?
-                if t % STATIC_CHECK == STATIC_CHECK - 1 and not bool(alive.any()):
-                    break
-            else:
-                n_alive = int(alive.sum())
-                if n_alive == 0:
-                    break
-                # compact when half the rows ended (at most log2(N) copies of the cache); with a width step,
-                # whenever the rows alive fit a smaller size of the row ladder (a few ended rows kept). Static and
-                # compiled keep every row (one captured step per batch: on a GPU 64 rows cost what 8 do)
-                n_keep = n_alive if width_step() == 1 else ladder(n_alive)
-                if (2 * n_alive <= len(rows)) if width_step() == 1 else (n_keep < len(rows)):
-                    keep = torch.sort(torch.argsort((~alive).to(torch.int8), stable=True)[:n_keep]).values
-                    cache.keep_rows(keep)
-                    rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
-        if static:
-            if decode == "compiled" and device.type == "cuda":  # the last step's CUDA-graph outputs are consumed:
-                torch.compiler.cudagraph_mark_step_begin()     # let the replay reuse their memory
-            record("decode_step", len(nxt), 1, cache.k.size(3), True)  # here: a compiled step must not trace it
-            last, new_k, new_v = step_fn(model, nxt, cache.k, cache.v, cache.valid, cache.lengths)
-            cache.k[:, :, :, cache.pos] = new_k[:, :, :, 0]
-            cache.v[:, :, :, cache.pos] = new_v[:, :, :, 0]
-            cache.valid[:, cache.pos] = True
-            cache.lengths += 1
-            cache.pos += 1
-        else:
-            last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
+    sample_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    decoder = static_decode if static else dynamic_decode
+    t = decoder(model, cache, last, tokens, mask, logprobs, stop_id, pad_id, generator, uniforms, on_token, decode,
+                sample_kw)
     # columns after the longest completion hold only padding: cut them (less work downstream)
     used = int(real_width(mask[:, :t + 1]).max()) if static and stop_id is not None else t + 1
     return Samples(tokens[:, :used], mask[:, :used], logprobs[:, :used], prompt_index)
+
+
+def dynamic_decode(model: GPT, cache: KVCache, last: Tensor, tokens: Tensor, mask: Tensor, logprobs: Tensor,
+                   stop_id: int | None, pad_id: int, generator: torch.Generator | None, uniforms: Tensor | None,
+                   on_token: Callable[[Tensor, Tensor], None] | None, decode: str, sample_kw: dict) -> int:
+    """generate()'s decode with a growing cache that drops ended rows. Fills tokens / mask / logprobs; returns the
+    last column."""
+    N, T = tokens.shape
+    rows = torch.arange(N, device=last.device)  # output row of each cache row
+    alive = torch.ones(N, dtype=torch.bool, device=last.device)
+    for t in range(T):
+        lp = process_logits(last, **sample_kw)
+        u = None if uniforms is None else uniforms[rows.to(uniforms.device), t]
+        nxt = _draw(lp, sample_kw["temperature"], generator, u)
+        live_rows = rows[alive]
+        tokens[live_rows, t] = nxt[alive]
+        logprobs[live_rows, t] = lp.gather(-1, nxt[:, None]).squeeze(-1)[alive]
+        mask[live_rows, t] = 1.0
+        if on_token is not None:
+            on_token(rows[alive], nxt[alive])
+        if t == T - 1:
+            break
+        if stop_id is not None:
+            alive &= nxt != stop_id
+            n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            # compact when half the rows ended (at most log2(N) copies of the cache); with a width step, whenever
+            # the rows alive fit a smaller size of the row ladder (a few ended rows kept)
+            n_keep = n_alive if width_step() == 1 else ladder(n_alive)
+            if (2 * n_alive <= len(rows)) if width_step() == 1 else (n_keep < len(rows)):
+                keep = torch.sort(torch.argsort((~alive).to(torch.int8), stable=True)[:n_keep]).values
+                cache.keep_rows(keep)
+                rows, nxt, alive = rows[keep], nxt[keep], alive[keep]
+        last = model.logits(model.hidden(nxt[:, None], kv_cache=cache)[:, -1])
+    return t
 
 
 DECODE_MODES = ("dynamic", "static", "compiled")
@@ -206,11 +196,62 @@ STATIC_CHECK = 16  # a static decode looks whether every row has ended once per 
 _COMPILED: dict[str, Callable] = {}
 
 
-def compiled_decode_step(device: torch.device | str) -> Callable:
-    """GPT.decode_step under torch.compile, one per device type (a CUDA graph on GPU: reduce-overhead mode)."""
+def static_decode(model: GPT, cache: KVCache, last: Tensor, tokens: Tensor, mask: Tensor, logprobs: Tensor,
+                  stop_id: int | None, pad_id: int, generator: torch.Generator | None, uniforms: Tensor | None,
+                  on_token: Callable[[Tensor, Tensor], None] | None, decode: str, sample_kw: dict) -> int:
+    """generate()'s decode with static shapes: every row stays in its slot (an ended row writes padding) and each
+    token is one call of static_token (a CUDA graph in "compiled" mode), so the loop adds a few writes per token and
+    waits for the device once per STATIC_CHECK tokens. Fills tokens / mask / logprobs; returns the last column."""
+    N, T = tokens.shape
+    token_fn = compiled_static_token(last.device) if decode == "compiled" else static_token
+    alive = torch.ones(N, dtype=torch.bool, device=last.device)
+    rows = torch.arange(N, device=last.device)
+    gen_device = generator.device if generator is not None else last.device
+    for t in range(T):
+        # the uniforms _draw would take from the generator (none for greedy decoding)
+        u = uniforms[:, t] if uniforms is not None else torch.rand(N, generator=generator, device=gen_device) \
+            if sample_kw["temperature"] > 0 else last.new_zeros(N)
+        if decode == "compiled" and last.device.type == "cuda":  # the last call's CUDA-graph outputs are consumed:
+            torch.compiler.cudagraph_mark_step_begin()          # let the replay reuse their memory
+        record("decode_step", N, 1, cache.k.size(3), True)  # here: a compiled step must not trace it
+        nxt, tok, lp, alive_next, logits, new_k, new_v = token_fn(
+            model, last, u.to(last.device), alive, cache.k, cache.v, cache.valid, cache.lengths, stop_id, pad_id,
+            **sample_kw)
+        tokens[:, t], logprobs[:, t], mask[:, t] = tok, lp, alive.float()
+        if on_token is not None:
+            on_token(rows[alive], nxt[alive])
+        alive.copy_(alive_next)
+        if t == T - 1 or (stop_id is not None and t % STATIC_CHECK == STATIC_CHECK - 1 and not bool(alive.any())):
+            break
+        last.copy_(logits)  # copies: a captured step's outputs live in its graph's memory
+        cache.k[:, :, :, cache.pos] = new_k[:, :, :, 0]
+        cache.v[:, :, :, cache.pos] = new_v[:, :, :, 0]
+        cache.valid[:, cache.pos] = True
+        cache.lengths += 1
+        cache.pos += 1
+    return t
+
+
+def static_token(model: GPT, last: Tensor, u: Tensor, alive: Tensor, k: Tensor, v: Tensor, valid: Tensor,
+                 lengths: Tensor, stop_id: int | None, pad_id: int, temperature: float, top_k: int, top_p: float
+                 ) -> tuple[Tensor, ...]:
+    """One token of the static decode, for capture: draw from logits `last` [N, V] with uniforms u [N], then
+    model.decode_step on the drawn tokens. Returns (drawn tokens, the same with pad_id where a row had ended, their
+    log-probs (0 there), rows alive after this token, the next logits, the new keys and values); writes nothing."""
+    lp = process_logits(last, temperature, top_k, top_p)
+    nxt = _draw(lp, temperature, None, u)
+    tok = torch.where(alive, nxt, pad_id)
+    picked = torch.where(alive, lp.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
+    alive_next = alive & (nxt != stop_id) if stop_id is not None else alive.clone()
+    logits, new_k, new_v = model.decode_step(nxt, k, v, valid, lengths)
+    return nxt, tok, picked, alive_next, logits, new_k, new_v
+
+
+def compiled_static_token(device: torch.device | str) -> Callable:
+    """static_token under torch.compile, one per device type (a CUDA graph on GPU: reduce-overhead mode)."""
     kind = torch.device(device).type
     if kind not in _COMPILED:
-        _COMPILED[kind] = torch.compile(GPT.decode_step, mode="reduce-overhead" if kind == "cuda" else None)
+        _COMPILED[kind] = torch.compile(static_token, mode="reduce-overhead" if kind == "cuda" else None)
     return _COMPILED[kind]
 
 
@@ -250,54 +291,6 @@ def real_width(mask: Tensor) -> Tensor:
     """[N]: the columns up to and including each row's last nonzero entry of mask [N, T] (0 for an empty row)."""
     return ((mask != 0).long() * torch.arange(1, mask.size(1) + 1, device=mask.device)).amax(1) if mask.size(1) \
         else mask.new_zeros(mask.size(0), dtype=torch.long)
-
-
-def length_groups(lengths: list[int], group_cost: int = 32) -> list[list[int]]:
-    """Row indices sorted by length and cut into contiguous groups that minimise the padded tokens of one forward
-    per group (group size x its longest row) plus group_cost tokens per extra forward (its fixed overhead).
-    Rows of length 0 are left out. Exact (dynamic programming over the distinct lengths); with a width step > 1,
-    ladder_groups instead."""
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (lengths[i], i))
-    if not order:
-        return []
-    if width_step() > 1:
-        return ladder_groups(order, lengths, width_step(), group_cost)
-    distinct = sorted({lengths[i] for i in order})
-    upto = [sum(lengths[i] <= d for i in order) for d in distinct]  # rows with length <= each distinct length
-    best = [0.0] + [float("inf")] * len(distinct)  # best[j]: cost of the rows of the first j distinct lengths
-    cut = [0] * (len(distinct) + 1)
-    for j in range(1, len(distinct) + 1):
-        for i in range(j):  # last group: the rows with lengths distinct[i:j]
-            cost = best[i] + (upto[j - 1] - (upto[i - 1] if i else 0)) * distinct[j - 1] + group_cost
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    bounds, j = [], len(distinct)
-    while j:
-        bounds.append((upto[cut[j] - 1] if cut[j] else 0, upto[j - 1]))
-        j = cut[j]
-    return [order[a:b] for a, b in reversed(bounds)]
-
-
-def ladder_groups(order: list[int], lengths: list[int], step: int, group_cost: int) -> list[list[int]]:
-    """length_groups on the shape ladder: rows `order` (sorted by length) cut into contiguous groups of a size on
-    the row ladder, each run at its longest row rounded up to `step`, with the least such padded tokens plus
-    group_cost per forward (dynamic programming over the cut points: O(rows x log rows))."""
-    sizes = ladder_sizes(len(order))
-    best = [0.0] + [float("inf")] * len(order)  # best[i]: cost of the first i rows
-    cut = [0] * (len(order) + 1)
-    for i in range(1, len(order) + 1):
-        width = round_up(lengths[order[i - 1]], step)
-        for size in sizes:
-            if size > i:
-                break
-            cost = best[i - size] + size * width + group_cost
-            if cost < best[i]:
-                best[i], cut[i] = cost, i - size
-    groups, i = [], len(order)
-    while i:
-        groups.append(order[cut[i]:i])
-        i = cut[i]
-    return groups[::-1]
 
 
 def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, prompt_index: Tensor,

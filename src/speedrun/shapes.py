@@ -20,6 +20,10 @@ import torch
 
 _ACTIVE: list[ShapeCounter] = []
 _STEP = [1]  # the process's width step (compute.width_step, set by the stage); 1 = exact shapes, no ladder
+# what one more forward costs, in padded tokens (length_groups): on a CPU about 32 tokens' compute; on a GPU
+# a small forward is bound by its kernel launches, so a batch runs in one forward (set by use_shapes)
+_FORWARD_COST = [32]
+ONE_FORWARD = 1 << 30
 
 
 def width_step() -> int:
@@ -34,6 +38,18 @@ def set_width_step(step: int) -> None:
     _STEP[0] = step
 
 
+def forward_cost() -> int:
+    """The fixed cost of one forward in padded tokens, for grouping rows of different lengths (length_groups):
+    32 on CPU; on CUDA ONE_FORWARD (every group of a batch costs launches, not compute)."""
+    return _FORWARD_COST[0]
+
+
+def set_forward_cost(tokens: int) -> None:
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"forward cost must be an int >= 0, not {tokens!r}")
+    _FORWARD_COST[0] = tokens
+
+
 def resolve_width_step(step: int, device: str) -> int:
     """compute.width_step with 0 (auto) resolved: 64 on CUDA, where a new shape costs a plan or a capture and
     padding is nearly free; 1 (exact shapes) on CPU, where a shape costs nothing and every padded token does (the
@@ -46,19 +62,25 @@ def use_shapes(step: int, device: str) -> int:
     backend off: it builds an execution plan per new shape, and without it the GRPO step was 7-8x faster at exact
     shapes and 1.2-1.3x with the ladder (reports/gpu/README.md); flash / memory-efficient attention take its place."""
     set_width_step(resolve_width_step(step, device))
-    if str(device).startswith("cuda"):
+    cuda = str(device).startswith("cuda")
+    set_forward_cost(ONE_FORWARD if cuda else 32)
+    if cuda:
         torch.backends.cuda.enable_cudnn_sdp(False)
     return width_step()
 
 
 @contextmanager
-def using_width_step(step: int) -> Iterator[None]:
-    old = width_step()
+def using_width_step(step: int, forward_cost: int | None = None) -> Iterator[None]:
+    """The width step (and, if given, the forward cost) set inside the block, restored after it."""
+    old = width_step(), _FORWARD_COST[0]
     set_width_step(step)
+    if forward_cost is not None:
+        set_forward_cost(forward_cost)
     try:
         yield
     finally:
-        set_width_step(old)
+        set_width_step(old[0])
+        set_forward_cost(old[1])
 
 
 def round_up(n: int, step: int) -> int:
@@ -125,3 +147,52 @@ def count_shapes() -> Iterator[ShapeCounter]:
         yield counter
     finally:
         _ACTIVE.remove(counter)
+
+
+def length_groups(lengths: list[int], group_cost: int | None = None) -> list[list[int]]:
+    """Row indices sorted by length and cut into contiguous groups that minimise the padded tokens of one forward
+    per group (group size x its longest row) plus group_cost tokens per extra forward (its fixed overhead).
+    Rows of length 0 are left out. Exact (dynamic programming over the distinct lengths); with a width step > 1,
+    ladder_groups instead. group_cost: shapes.forward_cost() unless given."""
+    group_cost = forward_cost() if group_cost is None else group_cost
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (lengths[i], i))
+    if not order:
+        return []
+    if width_step() > 1:
+        return ladder_groups(order, lengths, width_step(), group_cost)
+    distinct = sorted({lengths[i] for i in order})
+    upto = [sum(lengths[i] <= d for i in order) for d in distinct]  # rows with length <= each distinct length
+    best = [0.0] + [float("inf")] * len(distinct)  # best[j]: cost of the rows of the first j distinct lengths
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):  # last group: the rows with lengths distinct[i:j]
+            cost = best[i] + (upto[j - 1] - (upto[i - 1] if i else 0)) * distinct[j - 1] + group_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(distinct)
+    while j:
+        bounds.append((upto[cut[j] - 1] if cut[j] else 0, upto[j - 1]))
+        j = cut[j]
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+def ladder_groups(order: list[int], lengths: list[int], step: int, group_cost: int) -> list[list[int]]:
+    """length_groups on the shape ladder: rows `order` (sorted by length) cut into contiguous groups of a size on
+    the row ladder, each run at its longest row rounded up to `step`, with the least such padded tokens plus
+    group_cost per forward (dynamic programming over the cut points: O(rows x log rows))."""
+    sizes = ladder_sizes(len(order))
+    best = [0.0] + [float("inf")] * len(order)  # best[i]: cost of the first i rows
+    cut = [0] * (len(order) + 1)
+    for i in range(1, len(order) + 1):
+        width = round_up(lengths[order[i - 1]], step)
+        for size in sizes:
+            if size > i:
+                break
+            cost = best[i - size] + size * width + group_cost
+            if cost < best[i]:
+                best[i], cut[i] = cost, i - size
+    groups, i = [], len(order)
+    while i:
+        groups.append(order[cut[i]:i])
+        i = cut[i]
+    return groups[::-1]
