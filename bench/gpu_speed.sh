@@ -18,8 +18,7 @@
 #   cuDNN attention off, as the stage runs), exact against the ladder.
 # step: the trained stop-token step on the stages' CUDA settings (ladder, captured decode, cuDNN attention off) and
 #   the same step without the stop token, alternating with BASE's code where given; one forward per batch against
-#   the CPU's grouping (--forward-cost 32); where the step's time goes (bench/grpo_phases.py); 64 x 16; the eager
-#   decode; on-policy sampling.
+#   the CPU's grouping (--forward-cost 32); where the step's time goes (bench/grpo_phases.py); 64 x 16.
 # pretrain: MFU at depth 16 (batch 32 x 1024, vocab 32768, bf16 compiled) against the published 989 TFLOP/s and
 #   a measured 8192^3 peak. sampler: engine.generate alone (8 x 8 and 256 x 16 rows x 64 tokens, three decodes).
 # Each bench runs under its own time limit, so one that fails or hangs leaves the others their figures; full logs
@@ -71,22 +70,21 @@ if has ladder; then
 fi
 if has step; then  # the stop-token step against the fixed-shape one, this tree and (BASE=dir: a copy of another
   # commit's src/ and bench/, e.g. `git archive HEAD src bench | tar -x -C gpu_base`) the tree it is compared with
-  T="$G --trained --decode compiled --width-step 64 --no-cudnn-sdpa"
+  T="$G --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 8"
   for round in 1 2; do  # alternating: the device's clocks drift
     if [ -n "${BASE:-}" ]; then
-      run base_stop_r$round 45 env PYTHONPATH=$BASE/src python3 $BASE/bench/grpo_throughput.py --device cuda --dtype bf16 \
-        --threads 8 --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 10
-      [ $round = 1 ] && run base_nostop 40 env PYTHONPATH=$BASE/src python3 $BASE/bench/grpo_throughput.py --device cuda \
-        --dtype bf16 --threads 8 --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 10 --no-stop
+      B="env PYTHONPATH=$BASE/src python3 $BASE/bench/grpo_throughput.py --device cuda --dtype bf16 --threads 8"
+      run base_stop_r$round 45 $B --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 8
+      [ $round = 1 ] && run base_nostop 40 $B --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 8 \
+        --no-stop
     fi
-    run stop_r$round 45 $T --steps 10
-    [ $round = 1 ] && run stop_cost32 45 $T --steps 10 --forward-cost 32
-    [ $round = 1 ] && run nostop 40 $T --steps 10 --no-stop
+    run stop_r$round 60 $T
+    [ $round = 1 ] && run stop_cost32 50 $T --forward-cost 32
+    [ $round = 1 ] && run nostop 50 $T --no-stop
   done
-  run phases_stop 45 python3 bench/grpo_phases.py --device cuda --dtype bf16 --threads 8 --decode compiled --steps 10
-  run stop_64x16 45 $T --steps 6 --prompts-per-step 64 --group-size 16
-  run stop_dynamic 40 $G --trained --decode dynamic --width-step 64 --no-cudnn-sdpa --steps 8
-  run onpolicy 45 python3 bench/onpolicy_throughput.py --device cuda --threads 8 --prompts 1024 --steps 1,64
+  run phases_stop 60 python3 bench/grpo_phases.py --device cuda --dtype bf16 --threads 8 --decode compiled --steps 8
+  run stop_64x16 50 $G --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 6 --prompts-per-step 64 \
+    --group-size 16
 fi
 if has pretrain; then
   run pretrain_d16 140 python3 bench/train_throughput.py --device cuda --depth 16 --seq-len 1024 --batch 32 \

@@ -32,7 +32,7 @@ def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "
     torch.set_num_threads(threads)
     cfg = params.load().grpo.train
     device = pick_device(device)
-    step = use_shapes(params.load().compute.width_step if width_step < 0 else width_step, device)
+    wstep = use_shapes(params.load().compute.width_step if width_step < 0 else width_step, device)
     if forward_cost >= 0:
         set_forward_cost(forward_cost)
     bf16 = use_bf16(dtype, device)
@@ -69,7 +69,7 @@ def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "
             lengths.append(float(s.mask.sum(1).mean()))
     total = sum(seconds.values())
     print(f"{B} prompts x {G} samples x <= {cfg.max_new_tokens} tokens, {device} {'bf16' if bf16 else 'fp32'}, "
-          f"decode {decode}, width step {step}, {threads} threads: {total / steps:.4f} s per step; completions "
+          f"decode {decode}, width step {wstep}, {threads} threads: {total / steps:.4f} s per step; completions "
           f"{sum(lengths) / len(lengths):.1f} tokens on average, {sum(lengths) * B * G / total:,.0f} completion tok/s")
     for name, sec in seconds.items():
         print(f"  {name:<20} {sec / total:6.1%} {sec / steps:7.4f} s")
