@@ -28,7 +28,7 @@ PHASES = ("sampling", "RM scoring", "reference log-probs", "policy forward", "ba
 
 
 def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "dynamic", width_step: int = -1,
-         device: str = "cpu", forward_cost: int = -1) -> None:
+         device: str = "cpu", forward_cost: int = -1, stop: bool = True, profile: int = 0) -> None:
     torch.set_num_threads(threads)
     cfg = params.load().grpo.train
     device = pick_device(device)
@@ -43,14 +43,14 @@ def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "
     prompts = load_prompts(Path("data/prompts/prompts.parquet"), tok, "train", cfg.max_prompt_len)[1]
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
     B, G, kw = cfg.prompts_per_step, cfg.group_size, dict(pad_id=tok.bos_id)
-    seconds, lengths = dict.fromkeys(PHASES, 0.0), []
-    for step in range(steps + 1):
+    stop_id = tok.assistant_end_id if stop else None
+
+    def one_step(step: int) -> tuple[list[float], float]:  # the phases' end times, the mean completion length
         batch = prompts[step * B:(step + 1) * B]
         uniforms = torch.rand(B * G, cfg.max_new_tokens, generator=torch.Generator().manual_seed(step)).to(device)
         marks = [mark(device)]
         with torch.no_grad(), autocast(device, bf16):
-            s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=tok.assistant_end_id, uniforms=uniforms,
-                         decode=decode, **kw)
+            s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, uniforms=uniforms, decode=decode, **kw)
             marks.append(mark(device))
             score_samples(rm, batch, s, tok.bos_id)
             marks.append(mark(device))
@@ -63,16 +63,28 @@ def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "
         opt.step()
         opt.zero_grad(set_to_none=True)
         marks.append(mark(device))
-        if step:
+        return marks, float(s.mask.sum(1).mean())
+
+    seconds, lengths = dict.fromkeys(PHASES, 0.0), []
+    for step in range(steps + 1):
+        marks, length = one_step(step)
+        if step:  # the first step is a warm-up
             for name, a, b in zip(PHASES, marks, marks[1:]):
                 seconds[name] += b - a
-            lengths.append(float(s.mask.sum(1).mean()))
+            lengths.append(length)
     total = sum(seconds.values())
     print(f"{B} prompts x {G} samples x <= {cfg.max_new_tokens} tokens, {device} {'bf16' if bf16 else 'fp32'}, "
           f"decode {decode}, width step {wstep}, {threads} threads: {total / steps:.4f} s per step; completions "
-          f"{sum(lengths) / len(lengths):.1f} tokens on average, {sum(lengths) * B * G / total:,.0f} completion tok/s")
+          f"{sum(lengths) / len(lengths):.1f} tokens on average, {sum(lengths) * B * G / total:,.0f} completion tok/s"
+          f"{'' if stop else ' (no stop token)'}")
     for name, sec in seconds.items():
         print(f"  {name:<20} {sec / total:6.1%} {sec / steps:7.4f} s")
+    if profile:  # one more step under the profiler: which operators the host spends its time in, and how often
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+        kinds = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with torch_profile(activities=kinds) as prof:
+            one_step(steps + 1)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=profile))
 
 
 def mark(device: str) -> float:
@@ -91,6 +103,10 @@ if __name__ == "__main__":
     ap.add_argument("--width-step", type=int, default=-1,
                     help="params.yaml compute.width_step (0 = auto, 1 = exact shapes, -1 = params.yaml's value)")
     ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--stop", action=argparse.BooleanOptionalAction, default=True,
+                    help="end completions at the stop token (--no-stop: every one runs to max_new_tokens)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="> 0: profile one more step and print this many operators, by the host time spent in them")
     ap.add_argument("--forward-cost", type=int, default=-1,
                     help="padded tokens one more forward costs when rows are grouped by length (-1: the device's "
                          "value, shapes.use_shapes)")

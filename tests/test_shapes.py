@@ -20,7 +20,7 @@ def test_ladder_and_round_up():
     assert all(n <= ladder(n) < 1.5 * n + 1 for n in range(1, 5000))  # never more than a half larger
     assert ladder_sizes(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64] and len(ladder_sizes(4096)) == 24
     assert [round_up(n, 16) for n in (1, 16, 17)] == [16, 16, 32] and round_up(7, 1) == 7
-    assert resolve_width_step(0, "cuda") == 64 and resolve_width_step(0, "cpu") == 16
+    assert resolve_width_step(0, "cuda") == 64 and resolve_width_step(0, "cpu") == 1
     assert resolve_width_step(16, "cpu") == 16
 
 
@@ -105,7 +105,7 @@ def test_grpo_presents_a_bounded_set_of_shapes():
     with using_width_step(64, forward_cost=ONE_FORWARD):  # a CUDA run's settings: the captured decode, warm-up
         cuda = micro_grpo("static", warm_up=True)
     assert cuda[-1]["attn_shapes"] <= 32 and all(r["attn_shapes_new"] == 0 for r in cuda)  # all met in the warm-up
-    with using_width_step(resolve_width_step(0, "cpu")):  # the CPU defaults: auto width step, dynamic decode
+    with using_width_step(16):  # the CPU ladder (-S compute.width_step=16; the CPU default is exact), dynamic decode
         cpu = micro_grpo("dynamic", warm_up=False)
     assert cpu[-1]["attn_shapes"] <= 64
     exact = micro_grpo("dynamic", warm_up=False)

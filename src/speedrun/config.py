@@ -36,8 +36,8 @@ class ComputeConfig:
     width_step: int = knob(
         "GRPO, on-policy sampling and evaluation pad prompt, completion and key widths to multiples of this and row "
         "counts to a ladder 1, 2, 3, 4, 6, 8, ... (masked), so a run meets a few dozen tensor shapes: a GPU builds "
-        "an attention plan or a CUDA graph per new shape. 0 = auto (64 on CUDA; 16 on CPU, where padding costs and a "
-        "shape does not); 1 = exact shapes",
+        "an attention plan or a CUDA graph per new shape. 0 = auto (64 on CUDA; 1 on CPU, where padding only costs); "
+        "1 = exact shapes",
         ge=0)
 
 

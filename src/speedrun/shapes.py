@@ -52,9 +52,9 @@ def set_forward_cost(tokens: int) -> None:
 
 def resolve_width_step(step: int, device: str) -> int:
     """compute.width_step with 0 (auto) resolved: 64 on CUDA, where a new shape costs a plan or a capture and
-    padding is nearly free; 16 on CPU, where a shape costs nothing and every padded token does: a GRPO run meets
-    about 50 shapes instead of ~850, for a few percent more work per completion token (docs/method.md#speed)."""
-    return step or (64 if str(device).startswith("cuda") else 16)
+    padding is nearly free; 1 (exact shapes) on CPU, where a shape costs nothing and every padded token does (at
+    step 16 a GRPO run meets about 50 shapes instead of about 850, for 27% more continuation tokens: docs/LOG.md)."""
+    return step or (64 if str(device).startswith("cuda") else 1)
 
 
 def use_shapes(step: int, device: str) -> int:
