@@ -1,17 +1,20 @@
 """Time and peak memory of the pieces that grow with the data, at multiples of the embedded default's size.
 
     python bench/scale.py --what vocab --scales 1,10,100   # EAD vocabulary of the corpus: lean ids vs tuple sets
-    python bench/scale.py --what knn --scales 1,2,4        # density k-NN over the train prompts (words embedding)
+    python bench/scale.py --what knn --scales 1,10,100     # density k-NN over the train prompts (words embedding)
 
 vocab: the committed run's corpus train split (data/corpus/train.parquet) copied `scale` times, every word of copy c
 suffixed with c, so the distinct n-grams grow linearly with the scale (the worst case: a real corpus grows them
 sublinearly); `eval.diversity.ngram_vocab` (word ids, deduplicated int arrays) against the set-of-tuples count it
 replaced (`--old`, also timed). knn: the train prompts (data/prompts/prompts.parquet) repeated `scale` times with a
-copy marker word, the words embedding and `rl.density.knn_distance` (blocked: memory flat in N, time N^2). Peak
-memory is tracemalloc's (Python and numpy allocations; torch's CPU tensors are not traced, so knn reports the
-embedding matrix's own size beside it). Run from the repository root after `dvc repro corpus dedup_prompts`.
+copy marker word, the words embedding (sparse: its size grows with the prompts' words) and
+`rl.density.knn_distance` (blocked: memory flat in N beside the embedding, time N^2, so it is timed only up to
+--knn-max prompts). vocab's peak memory is tracemalloc's (Python and numpy allocations); knn's is the process's peak
+RSS (torch's tensors are not traced), with the embedding's own size beside it. Run from the repository root after
+`dvc repro corpus dedup_prompts`.
 """
 import argparse
+import resource
 import time
 import tracemalloc
 
@@ -53,18 +56,22 @@ def bench_vocab(scales: list[int], old: bool) -> None:
         print(line, flush=True)
 
 
-def bench_knn(scales: list[int], k: int) -> None:
+def bench_knn(scales: list[int], k: int, knn_max: int) -> None:
     from speedrun.rl.density import knn_distance, word_embeddings
 
     df = pd.read_parquet("data/prompts/prompts.parquet")
     base = [m[-1]["content"] for m in df.loc[df["split"] == "train", "prompt"]]
     print(f"train prompts: {len(base)}")
-    for s in scales:
+    for s in scales:  # ascending: the process's peak RSS after each scale is that scale's
         texts = [f"{t} copy{c}" for c in range(s) for t in base]
         emb, sec_e, _ = measure(word_embeddings, texts)
-        _, sec, mib = measure(knn_distance, emb, k)
-        print(f"x{s:<4} {len(texts):>8} prompts  embedding {sec_e:6.1f} s, {emb.numel() * 8 / 2**20:8.1f} MiB as "
-              f"fp64  knn {sec:7.1f} s, traced peak {mib:6.1f} MiB", flush=True)
+        held = sum(t.numel() * t.element_size() for t in (emb.crow_indices(), emb.col_indices(), emb.values()))
+        line = (f"x{s:<4} {len(texts):>8} prompts  embedding {sec_e:6.1f} s, {held / 2**20:8.1f} MiB sparse "
+                f"({emb.shape[0] * emb.shape[1] * 8 / 2**20:9.1f} MiB it would take dense in fp64)")
+        if len(texts) <= knn_max:
+            _, sec, _ = measure(knn_distance, emb, k)
+            line += f"  knn {sec:7.1f} s"
+        print(f"{line}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:8.1f} MiB", flush=True)
 
 
 if __name__ == "__main__":
@@ -74,6 +81,8 @@ if __name__ == "__main__":
     ap.add_argument("--old", action=argparse.BooleanOptionalAction, default=True,
                     help="vocab: also time the tuple-set count it replaced")
     ap.add_argument("--k", type=int, default=20, help="knn: neighbours (params.yaml grpo.density.k)")
+    ap.add_argument("--knn-max", type=int, default=60_000,
+                    help="knn: time the k-NN only up to this many prompts (its time grows as N^2)")
     args = ap.parse_args()
     scales = [int(x) for x in args.scales.split(",")]
-    bench_vocab(scales, args.old) if args.what == "vocab" else bench_knn(scales, args.k)
+    bench_vocab(scales, args.old) if args.what == "vocab" else bench_knn(scales, args.k, args.knn_max)

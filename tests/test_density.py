@@ -7,8 +7,8 @@ import torch
 
 from speedrun.eval.diversity import gini
 from speedrun.model import GPT, GPTConfig
-from speedrun.rl.density import (draw_prompts, effective_sample_size, embed_prompts, group_shares, idf_weights,
-                                 knn_distance, prompt_weights, share_entropy)
+from speedrun.rl.density import (dense_rows, draw_prompts, effective_sample_size, embed_prompts, group_shares,
+                                 idf_weights, knn_distance, prompt_weights, share_entropy)
 
 torch.set_num_threads(1)
 
@@ -233,9 +233,51 @@ def test_on_the_real_prompt_set_density_weights_move_mass_from_crowded_modules(o
     assert dens[top4].sum() < 0.75 * uniform[top4].sum()
     assert 0.5 * dens.sub(uniform).abs().sum() >= 0.3
     assert np.corrcoef(w, groups.map(groups.value_counts()))[0, 1] < -0.3
-    same = name_embeddings(["What does `tkinter.ttk.Button.invoke` do?", "Explain `tkinter.ttk.Button.state`."])
-    other = name_embeddings(["What does `json.dumps` do?"])
+    same = dense_rows(name_embeddings(["What does `tkinter.ttk.Button.invoke` do?",
+                                       "Explain `tkinter.ttk.Button.state`."]), 0, 2)
+    other = dense_rows(name_embeddings(["What does `json.dumps` do?"]), 0, 1)
     assert float(same[0] @ same[1]) == pytest.approx(1.0) and float(same[0] @ other[0]) == 0.0
+
+
+def dense_bags(bags: list[list[str]], dim: int, weight) -> torch.Tensor:
+    """The dense [N, dim] hashed bags the sparse ones replaced (rl.density before 2026-11-27)."""
+    from speedrun.rl.density import _bucket
+    out = torch.zeros(len(bags), dim, dtype=torch.float32)
+    for i, bag in enumerate(bags):
+        for t in bag:
+            out[i, _bucket(t, dim)] += weight(t)
+    return out / out.norm(dim=1, keepdim=True)
+
+
+def test_sparse_bags_equal_the_dense_ones_they_replaced(objects_path):
+    """On the embedded prompt set (and the task's phrasings) the sparse words / names embeddings hold the dense
+    matrices' exact numbers, and the density weights computed from them are bitwise the dense ones; memory is the
+    nonzeros (a few dozen per prompt), not N x dim."""
+    import math
+    import re
+
+    from speedrun.data.docstrings import load_objects
+    from speedrun.data.questions import answerable, question
+    from speedrun.rl.density import _NAME, _WORD, name_embeddings, word_embeddings
+    texts = [question(o) for o, _ in answerable(load_objects(objects_path))[0]]
+    texts += [f"Name a whole number greater than {a} and less than {a + 7}." for a in range(40)]
+    bags = [(w := re.findall(r"[a-z]+", t.lower())) + [f"{a} {b}" for a, b in zip(w, w[1:])] or [t] for t in texts]
+    df: dict[str, int] = {}
+    for bag in bags:
+        for t in set(bag):
+            df[t] = df.get(t, 0) + 1
+    words = dense_bags(bags, 4096, lambda t: math.log((1 + len(texts)) / (1 + df[t])) + 1.0)
+    names = []
+    for t in texts:
+        m = _NAME.search(t)
+        parts = m.group(1).split(".") if m else []
+        names.append([".".join(parts[:j]) for j in range(1, max(len(parts), 2))] if m and "topic" not in t else
+                     [m.group(1)] if m else _WORD.findall(t.lower()) or [t])
+    names = dense_bags(names, 2048, lambda t: 1.0)
+    for sparse, dense in ((word_embeddings(texts), words), (name_embeddings(texts), names)):
+        assert sparse.layout == torch.sparse_csr and sparse.values().numel() < dense.numel() / 50
+        assert torch.equal(dense_rows(sparse, 0, len(texts)), dense)
+        assert torch.equal(prompt_weights(sparse, 20, 1.0, 10.0), prompt_weights(dense, 20, 1.0, 10.0))
 
 
 ISOLATED = ["pick a month", "choose a colour please", "say the name of a fruit", "list one animal", "spell a vowel"]

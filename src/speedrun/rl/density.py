@@ -12,20 +12,26 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 
 def _as_unit_rows(embeddings: torch.Tensor | np.ndarray, tol: float = 1e-3) -> torch.Tensor:
+    """The embeddings as float64 (dense, or sparse CSR as given), checked: [N, C], finite, L2-normalised rows."""
     e = torch.as_tensor(embeddings).detach().to(torch.float64)
     if e.dim() != 2 or e.shape[0] == 0:
         raise ValueError(f"embeddings must be [N, C] with N >= 1, got shape {tuple(e.shape)}")
-    if not torch.isfinite(e).all():
-        row = int(torch.nonzero(~torch.isfinite(e))[0, 0])
+    sparse = e.layout == torch.sparse_csr
+    vals = e.values() if sparse else e
+    if not torch.isfinite(vals).all():
+        bad = torch.nonzero(~torch.isfinite(vals))[0]
+        row = int(_csr_rows(e)[bad[0]]) if sparse else int(bad[0])
         raise ValueError(f"embeddings row {row} is not finite")
-    norms = e.norm(dim=1)
+    norms = (torch.zeros(e.shape[0], dtype=e.dtype, device=e.device).index_add_(0, _csr_rows(e), vals ** 2).sqrt()
+             if sparse else e.norm(dim=1))
     bad = torch.nonzero((norms - 1.0).abs() > tol)
     if len(bad):
         row = int(bad[0, 0])
@@ -33,11 +39,31 @@ def _as_unit_rows(embeddings: torch.Tensor | np.ndarray, tol: float = 1e-3) -> t
     return e
 
 
+def _csr_rows(e: torch.Tensor) -> torch.Tensor:
+    """The row of each stored value of a sparse CSR matrix."""
+    crow = e.crow_indices()
+    return torch.repeat_interleave(torch.arange(e.shape[0], device=e.device), crow[1:] - crow[:-1])
+
+
+def dense_rows(e: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
+    """Rows i0:i1 of a dense or sparse CSR matrix, dense: the same numbers either way, so a computation over blocks
+    of rows gives the same result whether the whole matrix is held dense or sparse."""
+    if e.layout != torch.sparse_csr:
+        return e[i0:i1]
+    crow = e.crow_indices()
+    a, b = int(crow[i0]), int(crow[i1])
+    rows = torch.repeat_interleave(torch.arange(i1 - i0, device=e.device), crow[i0 + 1:i1 + 1] - crow[i0:i1])
+    out = torch.zeros(i1 - i0, e.shape[1], dtype=e.dtype, device=e.device)
+    out[rows, e.col_indices()[a:b]] = e.values()[a:b]
+    return out
+
+
 def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int = 1024) -> torch.Tensor:
     """Mean cosine distance (1 - cos) of each row to its k nearest other rows, float64 [N] on CPU.
 
-    Tiled block_size x block_size with a running top-k per row, so memory is flat in N (never N x N).
-    Runs on the input's device. k is capped at N-1; N=1 gives [0.]. Duplicates are neighbours at distance 0.
+    Tiled block_size x block_size with a running top-k per row, so memory is flat in N (never N x N); embeddings
+    may be sparse CSR (the hashed bags: memory then grows with their nonzeros, not N x C), densified a block at a
+    time. Runs on the input's device. k is capped at N-1; N=1 gives [0.]. Duplicates are neighbours at distance 0.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
@@ -54,7 +80,7 @@ def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int 
         best = torch.full((i1 - i0, k_eff), -math.inf, dtype=e.dtype, device=e.device)  # top-k similarities so far
         for j0 in range(0, n, block_size):
             j1 = min(j0 + block_size, n)
-            sim = e[i0:i1] @ e[j0:j1].T
+            sim = dense_rows(e, i0, i1) @ dense_rows(e, j0, j1).T
             if j0 < i1 and i0 < j1:  # this tile holds the diagonal: a point is not its own neighbour
                 r = torch.arange(max(i0, j0), min(i1, j1), device=e.device)
                 sim[r - i0, r - j0] = -math.inf
@@ -102,22 +128,20 @@ _WORD = re.compile(r"[a-z][a-z0-9]*")
 
 
 def name_embeddings(texts: Sequence[str], dim: int = 2048) -> torch.Tensor:
-    """L2-normalised float32 [N, dim] hashed bags of the enclosing names of the first `dotted.name` a prompt asks
-    about (`tkinter.ttk.Button.invoke` -> tkinter, tkinter.ttk, tkinter.ttk.Button), so prompts about one module or
-    class are neighbours and a crowded module is a dense region; a prompt without such a name is a bag of its
-    words. Why not the SFT model's states: pooled over a prompt, they place prompts by their rare identifier tokens,
-    not by their module (measured in docs/method.md)."""
-    out = torch.zeros(len(texts), dim, dtype=torch.float32)
-    for i, text in enumerate(texts):
+    """L2-normalised float32 [N, dim] (sparse CSR) hashed bags of the enclosing names of the first `dotted.name` a
+    prompt asks about (`tkinter.ttk.Button.invoke` -> tkinter, tkinter.ttk, tkinter.ttk.Button), so prompts about
+    one module or class are neighbours and a crowded module is a dense region; a prompt without such a name is a
+    bag of its words. Why not the SFT model's states: pooled over a prompt, they place prompts by their rare
+    identifier tokens, not by their module (measured in docs/method.md)."""
+    bags = []
+    for text in texts:
         m = _NAME.search(text)
         if m and "topic" not in text:
             parts = m.group(1).split(".")
-            tokens = [".".join(parts[:j]) for j in range(1, max(len(parts), 2))]
+            bags.append([".".join(parts[:j]) for j in range(1, max(len(parts), 2))])
         else:
-            tokens = [m.group(1)] if m else _WORD.findall(text.lower()) or [text]
-        for t in tokens:
-            out[i, _bucket(t, dim)] += 1.0
-    return out / out.norm(dim=1, keepdim=True)
+            bags.append([m.group(1)] if m else _WORD.findall(text.lower()) or [text])
+    return _hashed_bags(bags, dim, lambda t: 1.0)
 
 
 def _bucket(token: str, dim: int) -> int:
@@ -125,10 +149,10 @@ def _bucket(token: str, dim: int) -> int:
 
 
 def word_embeddings(texts: Sequence[str], dim: int = 4096) -> torch.Tensor:
-    """L2-normalised float32 [N, dim] hashed tf-idf bags of a prompt's lowercased words (letters only: a number in
-    a prompt is a value, not its topic) and word pairs: the prompt text only, no metadata. Prompts asked with the
-    same wording are neighbours, so a family of near-identical questions is a dense region (how well it finds the
-    task's clusters: neighbour_purity, in the task_grpo metrics)."""
+    """L2-normalised float32 [N, dim] (sparse CSR) hashed tf-idf bags of a prompt's lowercased words (letters only:
+    a number in a prompt is a value, not its topic) and word pairs: the prompt text only, no metadata. Prompts asked
+    with the same wording are neighbours, so a family of near-identical questions is a dense region (how well it
+    finds the task's clusters: neighbour_purity, in the task_grpo metrics)."""
     bags = []
     for text in texts:
         words = re.findall(r"[a-z]+", text.lower())
@@ -137,17 +161,38 @@ def word_embeddings(texts: Sequence[str], dim: int = 4096) -> torch.Tensor:
     for bag in bags:
         for t in set(bag):
             df[t] = df.get(t, 0) + 1
-    out = torch.zeros(len(texts), dim, dtype=torch.float32)
-    for i, bag in enumerate(bags):
-        for t in bag:
-            out[i, _bucket(t, dim)] += math.log((1 + len(texts)) / (1 + df[t])) + 1.0  # smoothed idf: no zero rows
-    return out / out.norm(dim=1, keepdim=True)
+    return _hashed_bags(bags, dim, lambda t: math.log((1 + len(texts)) / (1 + df[t])) + 1.0)  # smoothed idf
+
+
+def _hashed_bags(bags: Sequence[Sequence[str]], dim: int, weight: Callable[[str], float],
+                 block: int = 1024) -> torch.Tensor:
+    """Sparse CSR float32 [N, dim]: row i adds weight(t) at the hashed bucket of each token t of bags[i], then is
+    L2-normalised. Built densely a block of rows at a time (the sums and norms of a dense row, so the numbers are
+    those of the dense matrix), kept sparse: memory grows with the tokens, not N x dim."""
+    counts, cols, vals = [], [], []
+    for b0 in range(0, len(bags), block):
+        out = torch.zeros(min(block, len(bags) - b0), dim, dtype=torch.float32)
+        for i, bag in enumerate(bags[b0:b0 + block]):
+            for t in bag:
+                out[i, _bucket(t, dim)] += weight(t)
+        out = out / out.norm(dim=1, keepdim=True)
+        rows, col = out.nonzero(as_tuple=True)  # row-major: CSR order
+        counts.append(torch.bincount(rows, minlength=len(out)))
+        cols.append(col)
+        vals.append(out[rows, col])
+    empty = [torch.zeros(0, dtype=torch.int64)]  # no bags: a [0, dim] matrix
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cat(counts + empty).cumsum(0)])
+    with warnings.catch_warnings():  # PyTorch marks its sparse CSR support beta: all this uses is its layout
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, torch.cat(cols + empty), torch.cat(vals + [torch.zeros(0)]),
+                                       (len(bags), dim), check_invariants=False)
 
 
 def neighbour_purity(embeddings: torch.Tensor, groups: Sequence[str], k: int) -> float:
     """Mean share of each row's k nearest neighbours (cosine, itself excluded) in its own group: 1 when the
     embedding puts every group together, about the group's share of rows for a random one."""
     e = _as_unit_rows(embeddings)
+    e = dense_rows(e, 0, e.shape[0])
     sim = e @ e.T
     sim.fill_diagonal_(-math.inf)
     k = min(k, len(e) - 1)
