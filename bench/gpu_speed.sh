@@ -40,6 +40,11 @@ run() {  # name, seconds, command...: the bench's figures, its per-step tok/s, i
   echo "rc $rc"
 }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
+if ! python3 -c "import ruamel.yaml" 2>/dev/null; then  # params.py reads params.yaml with it
+  echo "ruamel.yaml is missing: on a machine without internet, pip download ruamel.yaml --no-deps here, carry the" \
+    "wheel, then python3 -m pip install --no-deps --no-index <wheel>" >&2
+  exit 1
+fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 G="python3 bench/grpo_throughput.py --device cuda --dtype bf16 --threads 8"
