@@ -14,12 +14,11 @@ import torch
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import use_bf16
+from speedrun.common import pick_device, use_bf16
 from speedrun.engine import generate, sequence_logprobs
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
-from speedrun.common import pick_device
 from speedrun.shapes import set_forward_cost, use_shapes
 from speedrun.train.checkpoint import load_model
 from speedrun.train.loop import autocast

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import REPO
 from speedrun import params
-from speedrun.config import Params
+from speedrun.params import Params
 
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # dvc.yaml's templated ids, as the stages name them in READS

@@ -1,7 +1,8 @@
-"""params.yaml as typed, checked data. `load` reads the whole file into speedrun.config.Params and fails, naming the
-file and the key, on a missing, unknown, mistyped or out-of-range key; `-S key=value` overrides are applied first,
-as `dvc exp run -S` would. A stage sees its params through `StageView`: only the keys it declares (its dvc.yaml
-`params:`), so reading an undeclared key fails instead of going unnoticed by DVC."""
+"""params.yaml as typed, checked data. `load` reads the whole file into Params (its sections: speedrun.config and
+speedrun.config_tracks) and fails, naming the file and the key, on a missing, unknown, mistyped or out-of-range
+key; `-S key=value` overrides are applied first, as `dvc exp run -S` would. A stage sees its params through
+`StageView`: only the keys it declares (its dvc.yaml `params:`), so reading an undeclared key fails instead of going
+unnoticed by DVC."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,11 +15,34 @@ from typing import Any, Iterator
 
 from ruamel.yaml import YAML
 
-from speedrun.config import Params
+from speedrun.config import (ComputeConfig, CorpusConfig, EvalConfig, GRPOSection, ModelConfig, OnpolicyConfig,
+                             PairsConfig, PretrainConfig, PromptsConfig, RMConfig, SFTConfig, TokenizerConfig, knob)
+from speedrun.config_tracks import AdversarialConfig, TaskSection
 
 PARAMS = Path("params.yaml")
 _YAML = YAML(typ="safe")  # YAML 1.2, DVC's own reading: `1e-3` is a number to both (PyYAML's 1.1 reads a string)
 ID = re.compile(r"[A-Za-z0-9_-]+")  # a variant or cycle name: it becomes a stage name and a path
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """params.yaml."""
+    seed: int = knob("seed of what the stages draw (init, data order, sampling); GRPO runs use grpo.seeds")
+    beta: float = knob("GRPO KL coefficient (k3) to the reference policy, both tracks", ge=0)
+    compute: ComputeConfig = knob("devices")
+    corpus: CorpusConfig = knob("pretraining corpus")
+    tokenizer: TokenizerConfig = knob("BPE tokenizer")
+    model: ModelConfig = knob("GPT shape")
+    pretrain: PretrainConfig = knob("pretraining")
+    sft: SFTConfig = knob("supervised fine-tuning")
+    pairs: PairsConfig = knob("preference pairs")
+    prompts: PromptsConfig = knob("prompt dedup and the held-out split")
+    onpolicy: OnpolicyConfig = knob("the SFT model's own answers as rejected responses")
+    rm: RMConfig = knob("reward model")
+    grpo: GRPOSection = knob("GRPO runs: variants x seeds")
+    eval: EvalConfig = knob("diversity evaluation")
+    task: TaskSection = knob("the task track: a checkable task with many right answers")
+    adversarial: AdversarialConfig = knob("adversarial cycles")
 
 
 class ParamsError(ValueError):

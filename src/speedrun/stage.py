@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from speedrun import params as params_lib
-from speedrun.config import Params
+from speedrun.params import Params
 
 
 # a run id names an entry of one of these sections

@@ -16,7 +16,7 @@ from speedrun.reward.discriminator import Discriminator, metrics, save_discrimin
 from speedrun.train.checkpoint import load_model
 from speedrun.train.data import StepSampler
 from speedrun.train.distributed import Dist
-from speedrun.config import DiscConfig
+from speedrun.config_tracks import DiscConfig
 from speedrun.train.loop import autocast, train
 from speedrun.train.outputs import write_logs
 

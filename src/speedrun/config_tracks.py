@@ -1,0 +1,117 @@
+"""The knobs of the task track and the adversarial track (params.yaml `task:` and `adversarial:`), in the layout of
+speedrun.config: their sections build on its training, GRPO and density configs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from speedrun.config import DensityConfig, GRPOConfig, PromptGRPOConfig, RMConfig, TrainConfig, derived, knob
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSFTConfig(TrainConfig):
+    """The task stage after chat SFT (nanochat's midtraining): the chat model learns the checkable task."""
+    per_item: int = knob("conversations per train item (a random template, right answer and phrasing each)", ge=1)
+    max_len: int = knob("conversations are cut to this many tokens", ge=2)
+    batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
+    micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
+    eval_convs: int = knob("val conversations per evaluation", ge=1)
+
+
+@dataclass(frozen=True)
+class TaskVariant:
+    """One task arm: how it draws prompts and what it is paid for. Everything else is shared."""
+    sampling: Literal["density", "uniform", "balanced"] = knob(
+        "density: task.density weights | uniform | balanced: every cluster drawn equally often")
+    reward: Literal["checker", "shuffled", "rm"] = knob(
+        "checker: 1 for a right answer, else 0 (RLVR) | shuffled: the checker's rewards permuted within each group "
+        "(the negative control: no information, the same zero-spread groups) | rm: the task reward model (task.rm, "
+        "trained on the task pairs); the checker is then the gold reward, never trained on")
+
+
+@dataclass(frozen=True)
+class TaskEvalConfig:
+    samples: int = knob("answers per eval item and model: pass@k for k up to this, coverage@this", ge=2)
+    max_new_tokens: int = knob("answer token budget", ge=1)
+    temperatures: list[float] = knob("the task SFT model is sampled at each: its pass@1-versus-coverage frontier "
+                                     "(the arms are sampled at task.train.temperature)", gt=0)
+    n_boot: int = knob("bootstrap draws over eval items for the intervals", ge=1)
+    comparisons: list[str] = knob("'treatment:control' pairs of task.run arms tested on the primary, Δ coverage beyond "
+                                  "the SFT frontier (Holm over the pairs); the control samples uniformly")
+    pass1_margin: float = knob("pass@1 non-inferiority margin, as a share of the control arm's pass@1 gain over the "
+                               "task SFT model at T=1", ge=0)
+    mde_share: float = knob("power target: the report gives the seeds per arm for an MDE of this share of the "
+                            "control arm's coverage collapse", gt=0, le=1)
+
+
+@dataclass(frozen=True)
+class TaskSection:
+    val_frac: float = knob("share of task items in the val split (stable hash of the item)", ge=0, lt=1)
+    eval_frac: float = knob("share of task items held out of every post-training stage for the evaluation", gt=0,
+                            lt=1)
+    pairs_per_item: int = knob("task preference pairs per train / val item (a right answer over a wrong one) for "
+                               "the task reward model; eval items have none", ge=1)
+    sft: TaskSFTConfig = knob("the task stage after chat SFT")
+    rm: RMConfig = knob("the task reward model: the task SFT trunk on the task pairs (the rm arm's proxy reward)")
+    seeds: list[int] = knob("GRPO training seeds of every task arm")
+    run: list[str] = knob("the task arms this run trains and evaluates")
+    variants: dict[str, TaskVariant] = knob("every task arm's definition: same task SFT model and budget")
+    train: PromptGRPOConfig = knob("every task arm's GRPO settings")
+    density: DensityConfig = knob("the task arms' density-aware weights")
+    eval: TaskEvalConfig = knob("the task evaluation")
+
+
+@dataclass(frozen=True)
+class Cycle:
+    prev: int = knob("the policy this cycle starts from (0 = the pretrained model)", ge=0)
+    init: str = knob("that policy's checkpoint dir (DVC templates cannot compute it from prev)")
+
+
+@dataclass(frozen=True)
+class AdvDataConfig:
+    train_rows: int = knob("train windows, K uniform in [0, N]", ge=1)
+    val_rows: int = knob("val windows, K uniform in [0, N]", ge=1)
+    val_pure_rows: int = knob("extra val windows, half K = N, half K = 0: the pure natural vs generated AUC", ge=0)
+    batch_size: int = knob("rows per engine call", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscConfig(TrainConfig):
+    """The discriminator of a cycle (speedrun.adversarial.train_disc)."""
+    head: Literal["token", "pooled"] = knob("token: per-token BCE, the mean estimates K/N | pooled: the last token's "
+                                            "two-way head")
+    train_last_blocks: int = knob("trunk blocks trained with the head (0 = frozen trunk, cached activations)", ge=0)
+    batch_size: int = knob("windows per step", ge=1)
+    save_every: int = knob("0: the adversarial stages keep no resume state (a killed one starts over)", ge=0, le=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvGRPOConfig(GRPOConfig):
+    """GRPO of a cycle against its frozen discriminator (stage adv_grpo)."""
+    prompts: int = knob("natural prefixes of random length in [1, N/2] from the train split", ge=1)
+    reward: Literal["prob", "logit"] = knob("prob: mean P(natural) of the completion | logit: mean log D/(1-D)")
+    reward_threshold: float = knob("stop once a step's mean P(natural) reaches this", gt=0, lt=1)
+    patience: int = knob("or once the reward's moving average stops improving by min_delta for this many steps "
+                         "(0 = off)", ge=0)
+    min_delta: float = knob("improvement of the moving average that resets patience", ge=0)
+    truncated: str = derived("keep")  # a completion runs to the window's end: none is cut short of a stop token
+
+
+@dataclass(frozen=True)
+class AdvEvalConfig:
+    prompts: int = knob("held-out val prefixes completed by every policy, scored by every discriminator", ge=1)
+    bpb_windows: int = knob("val windows of the bits-per-byte (the first ones, as pretrain)", ge=1)
+    bpb_bound: float = knob("allowed val bits-per-byte increase per cycle (the KL anchor's job)", ge=0)
+    samples_shown: int = knob("sample completions per policy in the markdown", ge=0)
+
+
+@dataclass(frozen=True)
+class AdversarialConfig:
+    cycles: dict[str, Cycle] = knob("cycle i: a discriminator learns which tokens policy prev generated, then GRPO "
+                                    "tunes policy prev to fool it -> policy i")
+    seq_len: int = knob("N: tokens per window, K natural then N - K generated; GRPO prefix + completion", ge=4)
+    temperature: float = knob("sampling temperature of the generated tokens (adv_data, adv_grpo, adv_eval)", gt=0)
+    data: AdvDataConfig = knob("the discriminator's windows")
+    rm: DiscConfig = knob("the discriminator")
+    grpo: AdvGRPOConfig = knob("the policy's GRPO")
+    eval: AdvEvalConfig = knob("adv_eval")
