@@ -74,6 +74,9 @@ def main(p, io) -> None:
     refs = {r["prompt_id"]: r["chosen"] for r in reference_answers(pairs.to_dict("records"), str(io.pairs))}
     keep = df["prompt_id"].map(lambda pid: refs[pid] not in trained)
     order = df[keep].sort_values("prompt_id").index[: c.max_prompts or None]
+    if not len(order):
+        raise ValueError(f"{io.prompts}: no held-out prompt to evaluate: {len(df)} eval prompts, {int((~keep).sum())} "
+                         f"left out because a trained prompt has the same reference answer ({io.pairs})")
     df, ids = df.loc[order].reset_index(drop=True), [ids[i] for i in order]
     rm = RewardModel.load(io.rm_dir, dev, tok.digest)
     vocab = read_json(io.ngram_vocab)["distinct"]  # EAD's fixed V: the corpus's distinct n-grams (stage corpus)

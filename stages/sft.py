@@ -51,7 +51,7 @@ def main(p, io) -> None:
         m = {"val_loss": round(result.best_eval["val_loss"], 5),
              "val_loss_before": round(result.evals[0]["val_loss"], 5), "steps": result.steps_done,
              "stopped_early": result.stopped_early, "tokens_seen": result.tokens,
-             "train_conversations": len(rendered["train"]), "skipped": skipped,
+             "source": c.source, "train_conversations": len(rendered["train"]), "skipped": skipped,
              **throughput(result, model.estimate_flops())}
         save_model(io.out_dir, result.best_state, model.config,
                    {"tokenizer": tok.digest, "step": result.steps_done, "val_loss": m["val_loss"],

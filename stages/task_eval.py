@@ -51,6 +51,8 @@ def main(p, io) -> None:
               "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
               "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
                            for arm in p.task.run}}
+    if any(i.text for i in items):  # hub items (GSM8K): the report says what the task is
+        result["source"] = "gsm8k"
     metrics = {arm: [read_json(io.runs_metrics / f"{arm}_s{s}.json") for s in p.task.seeds] for arm in p.task.run}
     result["manipulation"] = manipulation(metrics, result["variants"])
     result["training"] = {arm: {k: [m[k] for m in ms] for k in ("reward_start", "reward_end", "gold_pass_start",

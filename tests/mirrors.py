@@ -256,3 +256,85 @@ def write_smoltalk(root: Path, rows=smol_rows) -> dict[str, list]:
         written[f"{config}/{split}"] = rs
     (root / "README.md").write_text(SMOL_README)
     return written
+
+
+# ---------------------------------------------------------------- HuggingFaceFW/fineweb-edu
+FINEWEB_README = """---
+configs:
+- config_name: sample-10BT
+  data_files:
+  - split: train
+    path: sample/10BT/*
+---
+# fineweb-edu mirror
+"""
+
+
+def write_fineweb(root: Path, n_docs: int = 400, shards: int = 2) -> list[str]:
+    """root/sample/10BT/<shard>.parquet (text, id, url, score, as on the hub) of seeded sentences from a small word
+    list: enough text to train a micro tokenizer and model on."""
+    import random
+    rng = random.Random(0)
+    words = ("the bee flies over a field of wheat while rain falls on warm stone and children read books about "
+             "rivers mountains numbers stars engines gardens history water light sound").split()
+    docs = [". ".join(" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))).capitalize()
+                      for _ in range(rng.randint(3, 8))) + "." for _ in range(n_docs)]
+    for s in range(shards):
+        part = docs[s::shards]
+        path = root / "sample" / "10BT" / f"{s:03d}_00000.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": part, "id": [f"<urn:{s}:{i}>" for i in range(len(part))],
+                                 "url": [f"https://example.org/{s}/{i}" for i in range(len(part))],
+                                 "score": [3.0] * len(part)}), path)
+    (root / "README.md").write_text(FINEWEB_README)
+    return docs
+
+
+# ---------------------------------------------------------------- openai/gsm8k
+GSM8K_README = """---
+configs:
+- config_name: main
+  data_files:
+  - split: train
+    path: main/train-*
+  - split: test
+    path: main/test-*
+- config_name: socratic
+  data_files:
+  - split: train
+    path: socratic/train-*
+  - split: test
+    path: socratic/test-*
+---
+# gsm8k mirror
+"""
+
+
+def gsm8k_rows(split: str, n: int = 12) -> list[tuple[dict, object]]:
+    """Word problems in the hub's form (calculator annotations, `#### answer`), malformed ones in train."""
+    rows = [({"question": f"Ann has {k + 2} apples ({split}) and buys {3 * k + 1} more. How many apples has she?",
+              "answer": f"She buys {3 * k + 1} more: {k + 2}+{3 * k + 1}=<<{k + 2}+{3 * k + 1}={4 * k + 3}>>"
+                        f"{4 * k + 3} apples.\n#### {4 * k + 3}"}, str(4 * k + 3)) for k in range(n)]
+    rows.append(({"question": f"A farm sells 1,000 eggs a day for $2 a dozen ({split}). What is the weekly count?",
+                  "answer": "1,000*7=<<1000*7=7000>>7000 eggs.\n#### 7,000"}, "7000"))
+    if split == "train":
+        rows += [({"question": "No final line?", "answer": "It is 4."}, "no_final_answer"),
+                 ({"question": "Words?", "answer": "So.\n#### four"}, "final_answer_not_a_number"),
+                 ({"question": None, "answer": "#### 3"}, "missing_question_or_answer"),
+                 ({"question": "  ", "answer": "#### 3"}, "empty_question"),
+                 (dict(rows[0][0]), "duplicate_question")]
+    return rows
+
+
+def write_gsm8k(root: Path, rows=gsm8k_rows) -> dict[str, list]:
+    written = {}
+    for config in ("main", "socratic"):
+        for split in ("train", "test"):
+            rs = rows(split)
+            path = root / config / f"{split}-00000-of-00001.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({"question": [r["question"] for r, _ in rs],
+                                     "answer": [r["answer"] for r, _ in rs]}), path)
+            written[f"{config}/{split}"] = rs
+    (root / "README.md").write_text(GSM8K_README)
+    return written

@@ -88,7 +88,9 @@ def test_stage_outputs(tmp_path):
     assert stats["eval_prompts"] == int((uniq["split"] == "eval").sum())
     embedded = uniq.loc[uniq["srcs"].map(lambda s: "embedded" in s), "group"]
     assert sorted(embedded) == ["json", "json", "typing", "typing"]
-    assert set(uniq.loc[uniq["srcs"].map(lambda s: "embedded" not in s), "group"]) <= {"hh", "uf"}
+    hub = uniq.loc[uniq["srcs"].map(lambda s: "embedded" not in s), "group"]  # clusters of their words, not sources
+    assert set(hub) <= {f"cluster_{i:02d}" for i in range(16)} and sum(
+        c["prompts"] for c in stats["hub_clusters"].values()) == len(hub)
     # every pair carries its (merged) prompt_id and that prompt's split; the source split is kept
     split_of = dict(zip(uniq["prompt_id"], uniq["split"]))
     assert len(out_pairs) == 10 and all(p["split"] == split_of[p["prompt_id"]] for p in out_pairs)
@@ -141,3 +143,45 @@ def test_bad_input_rows_are_refused_by_file_row_and_column(tmp_path):
     tok = tokenizer.train(iter(["some text to train a tiny tokenizer on"] * 20), 300)
     with pytest.raises(ValueError, match=rf"twice.parquet: rows 0 and {len(uniq)}, column 'prompt_id'"):
         load_prompts(tmp_path / "twice.parquet", tok, "train", 64)
+
+
+def test_grpo_prompts_are_cut_as_the_rm_cuts_them(tmp_path, capsys):
+    """load_prompts (GRPO, the evaluation) keeps a long prompt's chat header and end, and says how many it cut."""
+    from speedrun import tokenizer
+    from speedrun.rl.prompts import load_prompts
+    tok = tokenizer.Tokenizer(tokenizer.train(iter(["some text to train a tiny tokenizer on"] * 20), 300), "t")
+    msgs = [[{"role": "user", "content": "short?"}], [{"role": "user", "content": "long " * 50 + "end?"}]]
+    pd.DataFrame({"prompt_id": ["a", "b"], "prompt": msgs, "split": ["train", "train"], "group": ["g", "g"]}
+                 ).to_parquet(tmp_path / "p.parquet")
+    _, ids = load_prompts(tmp_path / "p.parquet", tok, "train", 16)
+    assert ids[0] == tok.render_prompt(msgs[0]) and ids[1] == tokenizer.cut_prompt(tok.render_prompt(msgs[1]), 16)
+    assert len(ids[1]) == 16 and ids[1][:2] == [tok.bos_id, tok.user_start_id]
+    assert "1 of 2 train prompts longer than 16 tokens" in capsys.readouterr().out
+
+
+def test_hub_prompts_are_grouped_by_their_words_not_their_source():
+    """Hub prompts have no module: their group is a k-means cluster of the words embedding, which puts prompts on one
+    topic together whatever source they came from; on the task's prompts (text only) the clusters are nearly pure."""
+    from collections import Counter, defaultdict
+
+    from speedrun.data import task
+    from speedrun.rl.density import cluster_labels, word_embeddings
+    from stages.dedup_prompts import cluster_hub_prompts
+    topics = {"bread": "How long should I bake {} bread dough at home?", "git": "How do I undo a git {} commit?",
+              "tax": "Which tax form do I file for {} income?"}
+    rows = [(t, f"{src}", q.format(w)) for t, q in topics.items() for src, w in
+            zip(["hh", "uf", "se"] * 3, ["rye", "sour", "wheat", "merged", "pushed", "local", "rental", "farm", "gig"])]
+    df = pd.DataFrame({"prompt": [[{"role": "user", "content": q}] for _, _, q in rows],
+                       "srcs": [[s] for _, s, _ in rows], "group": [s for _, s, _ in rows]})
+    out, mix = cluster_hub_prompts(df, 3, seed=0)
+    assert {frozenset(out["group"][[i for i, r in enumerate(rows) if r[0] == t]]) for t in topics} == {
+        frozenset({c}) for c in ("cluster_00", "cluster_01", "cluster_02")}
+    assert all(m["prompts"] == 9 and m["hh"] == m["uf"] == m["se"] == 3 for m in mix.values())
+    assert cluster_hub_prompts(df, 0, seed=0)[0]["group"].tolist() == df["group"].tolist()
+    items = [i for i in task.all_items(0.1, 0.25) if i.split == "train"]
+    labels = cluster_labels(word_embeddings([i.prompt() for i in items]), 16, seed=0)
+    assert labels == cluster_labels(word_embeddings([i.prompt() for i in items]), 16, seed=0)
+    members = defaultdict(Counter)
+    for lab, item in zip(labels, items):
+        members[lab][item.cluster] += 1
+    assert sum(m.most_common(1)[0][1] for m in members.values()) / len(items) > 0.9

@@ -239,6 +239,30 @@ def test_val_and_eval_split_pairs_never_reach_training_batches(rm_inputs):
         pref.load_pairs(root / "bad.parquet")
 
 
+def test_a_long_prompt_is_cut_as_grpo_cuts_it_counted_not_skipped(rm_inputs):
+    """A prompt that leaves less than MIN_RESPONSE_TOKENS of rm.max_len keeps its chat header and its end, in the RM's
+    training pairs and when the RM scores a conversation (as GRPO's prompts are cut), and the cut is counted."""
+    from speedrun.tokenizer import cut_prompt
+    root, tok = rm_inputs
+    df = pref.load_pairs(root / "pairs.parquet")
+    long_msgs = [{"role": "user", "content": "Tell me everything. " * 60}, {"role": "assistant", "content": "Sure."},
+                 {"role": "user", "content": "Now, what does `json.dumps` return?"}]
+    row = df[df["split"] == "train"].iloc[:1].copy()
+    row.at[row.index[0], "prompt"] = long_msgs
+    out, skipped, cut = pref.render_pairs(row, tok, 96)
+    room = 96 - pref.MIN_RESPONSE_TOKENS
+    want = cut_prompt(tok.render_prompt(long_msgs), room)
+    assert skipped == {} and cut["prompts"] == 1 and len(out["id"]) == 1
+    assert out["prompt_len"] == [room] and out["chosen"][0][:room] == want
+    assert want[:2] == [tok.bos_id, tok.user_start_id]
+    assert want[-1] == tok.assistant_start_id and tok.decode(want[2:-2]).endswith("what does `json.dumps` return?")
+    rm = tiny_rm(0, GPTConfig(vocab_size=tok.vocab_size, depth=1, n_embd=32, head_dim=16, seq_len=96))
+    rm.max_len = 96
+    by_msgs = pref.score_conversations(rm, tok, [long_msgs], ["It returns a string."])
+    by_ids = pref.score_ids(rm, [want + tok.encode("It returns a string.") + [tok.assistant_end_id]], [room])
+    assert torch.allclose(by_msgs, by_ids, atol=1e-5)
+
+
 def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_path):
     root, tok = rm_inputs
     out = run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "a"))
@@ -275,13 +299,16 @@ def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_pa
     assert abs(float(by_text[0]) - float(m["reward_mean"])) < 10 * m["reward_std"]
 
 
-@pytest.mark.parametrize("pool,max_len", [("last", 9), ("mean", 9), ("last", 64), ("mean", 64)])
+@pytest.mark.parametrize("pool,max_len", [("last", 7), ("mean", 7), ("last", 9), ("mean", 9), ("last", 64),
+                                          ("mean", 64)])
 def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool, max_len):
     """score_samples gives the rewards of each prompt + completion scored alone, for both pools: when the rows fit
-    (max_len 64: each prompt run once, completions grouped by length) and when the batch is cut to its last
-    max_len columns (9)."""
+    (max_len 64: each prompt run once, completions grouped by length), when a prompt is cut to its header and end
+    as every stage cuts one (9: 3 tokens left beside 6 of completion), and when the completions leave no room for
+    that (7: the batch is cut to its last max_len columns)."""
     from speedrun.engine import generate
     from speedrun.rl.rewards import score_samples
+    from speedrun.tokenizer import cut_prompt
 
     rm = tiny_rm(3)
     rm.pool, rm.max_len = pool, max_len
@@ -292,10 +319,13 @@ def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool, max_len):
     s = generate(policy, prompts, 2, 6, stop_id=2, pad_id=0, generator=torch.Generator().manual_seed(0))
     got = score_samples(rm, prompts, s, pad_id=0, standardise=False)
     P, T = max(map(len, prompts)), s.tokens.size(1)
-    cut = max(0, P + T - rm.max_len)  # leftmost columns dropped from the whole batch
-    assert (cut > 0) == (max_len == 9) and len(set(s.mask.sum(1).tolist())) > 1  # mixed lengths
+    assert T == 6 and len(set(s.mask.sum(1).tolist())) > 1  # mixed lengths
+    room = max_len - T
+    cut = max(0, P + T - rm.max_len) if room < 3 else 0  # leftmost columns dropped from the whole batch
     want = []
     for p, row, m in zip(s.prompt_index.tolist(), s.tokens, s.mask):
-        kept = prompts[p][max(0, cut - (P - len(prompts[p]))):]
+        kept = cut_prompt(prompts[p], room) if room >= 3 else prompts[p][max(0, cut - (P - len(prompts[p]))):]
         want.append(pref.score_ids(rm, [kept + row[m > 0].tolist()], [len(kept)])[0])
+    if max_len == 9:
+        assert cut_prompt(prompts[2], room) == [1, 4, 9]
     assert torch.allclose(got, torch.stack(want), atol=1e-5)

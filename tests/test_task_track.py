@@ -192,3 +192,42 @@ def test_arm_comparison_calls_a_coverage_difference_and_not_a_null():
     assert set(pos["clusters"]) == {"letters", "numbers"} and pos["clusters"]["letters"]["value"] > 0
     assert pos["gap"]["collapse"] > 0 and pos["gap"]["mde"] > 0 and pos["gap"]["seeds_needed"] is not None
     assert pos["pass@1"]["gain"] == pytest.approx(0.6 - 0.5, abs=0.1) and pos["pass@1"]["verdict"] == "non-inferior"
+
+
+def test_gsm8k_items_from_a_hub_mirror_are_checked_and_held_out_by_split(tmp_path):
+    """task.source gsm8k: the hub's test split is the eval split, its train split train / val by hash; a reference
+    solution loses its calculator notes and ends in its answer in backticks, which the checker reads (commas and $
+    as GSM8K writes them); bad rows are counted by reason; pairs and SFT conversations hold no eval item."""
+    import json
+
+    import mirrors
+    from conftest import run_module, sets
+    written = mirrors.write_gsm8k(tmp_path / "gsm8k")
+    out = tmp_path / "task"
+    run_module("stages.task_data", *sets("task.source=gsm8k", f"task.hf_path={tmp_path / 'gsm8k'}",
+                                         "task.hf_clusters=3", "task.val_frac=0.2"),
+               "--items", str(out / "items.parquet"), "--pairs", str(out / "pairs.parquet"),
+               "--stats", str(out / "stats.json"))
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["source"] == "gsm8k" and stats["skipped"] == {
+        "duplicate_question": 1, "empty_question": 1, "final_answer_not_a_number": 1, "missing_question_or_answer": 1,
+        "no_final_answer": 1}
+    items = task.load_items(out / "items.parquet")
+    good = {r["question"]: want for split in ("main/train", "main/test") for r, want in written[split]
+            if isinstance(r["question"], str) and want.replace(".", "").isdigit()}
+    assert len(items) == len(good) == 26 and {i.text: i.answers[0] for i in items} == good
+    assert {i.split for i in items if "(test)" in i.text} == {"eval"}
+    assert {i.split for i in items if "(train)" in i.text} == {"train", "val"}
+    assert len({i.cluster for i in items}) == 3 and all(i.prompt() == i.text for i in items)
+    eggs = next(i for i in items if "eggs" in i.text and i.split == "eval")
+    assert eggs.solution == "1,000*7=7000 eggs.\nThe answer is `7000`." and eggs.answers == ("7000",)
+    assert task.check(eggs, "Seven thousand: `7,000`.") == "7000" and task.check(eggs, "`$7000`") == "7000"
+    assert task.check(eggs, "`7001`") is None and task.check(eggs, "7000") is None
+    pairs = pd.read_parquet(out / "pairs.parquet")
+    eval_ids = {i.item_id for i in items if i.split == "eval"}
+    assert not set(pairs["prompt_id"]) & eval_ids and len(pairs) == 4 * sum(i.split != "eval" for i in items)
+    assert all(task.check(next(i for i in items if i.item_id == r["prompt_id"]), r["rejected"]) is None
+               and r["chosen"] != r["rejected"] for r in pairs.to_dict("records"))
+    convs = task.conversations(items, "train", 8, 0)
+    assert len(convs) == sum(i.split == "train" for i in items)  # one per item: its question and solution
+    assert all(c[1]["content"].endswith("`.") and "<<" not in c[1]["content"] for c in convs)

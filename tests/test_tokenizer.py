@@ -40,6 +40,19 @@ def test_render_conversation_masks_assistant_tokens_only(trained):
         t.render_conversation([{"role": "robot", "content": "x"}])
 
 
+def test_a_long_prompt_keeps_its_chat_header_and_its_end(trained):
+    t, _, _ = trained
+    msgs = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "And what does `json.dumps` do?"}]
+    ids = t.render_prompt(msgs)
+    cut = tok.cut_prompt(ids, 40)
+    assert len(ids) > 40 and len(cut) == 40
+    assert cut[:2] == [t.bos_id, t.user_start_id] and cut[2:] == ids[-38:] and cut[-1] == t.assistant_start_id
+    assert tok.cut_prompt(ids, len(ids)) == ids and tok.cut_prompt(ids[:10], 40) == ids[:10]
+    with pytest.raises(ValueError, match="at least 3 tokens"):
+        tok.cut_prompt(ids, 2)
+
+
 def test_saved_files_are_deterministic_and_not_pickles(trained, tmp_path):
     t, _, out = trained
     objects, _ = collect()

@@ -141,6 +141,9 @@ class PromptsConfig:
     near_dup_threshold: float = knob("word-shingle Jaccard at or above which prompts merge into the earliest",
                                      gt=0, le=1)
     shingle_size: int = knob("words per shingle for near-duplicate detection", ge=1)
+    hub_clusters: int = knob("hub prompts (no module of their own) are grouped into this many k-means clusters of "
+                             "their words embedding, the groups the manipulation check counts over (0 = by source)",
+                             ge=0)
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class OnpolicyConfig:
     max_new_tokens: int = knob("completion token budget", ge=1)
     temperature: float = knob("sampling temperature", gt=0)
     top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
-    max_prompt_len: int = knob("prompts cut to their last N tokens for sampling (as GRPO does)", ge=1)
+    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens (as GRPO cuts it)", ge=3)
     batch_prompts: int = knob("prompts per engine call (K rows each)", ge=1)
 
 
@@ -161,7 +164,8 @@ class RMConfig(TrainConfig):
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "
                                          "response")
     train_last_blocks: int = knob("trunk blocks trained with the head, from the top (0 = head only)", ge=0)
-    max_len: int = knob("prompt + response tokens (the response's last kept)", ge=9)
+    max_len: int = knob("prompt + response tokens (a longer prompt is cut to its header and end, leaving 16 to "
+                        "the response)", ge=19)
     batch_size: int = knob("pairs per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("pairs per forward per process (0 = the whole share)", ge=0)
     micro_tokens: int = knob("re-cut micro-batches by length to at most this many padded tokens (0 = off)", ge=0)
@@ -207,7 +211,7 @@ class PromptGRPOConfig(GRPOConfig):
     """A GRPO run of the preference track (stage grpo)."""
     temperature: float = knob("sampling temperature", gt=0)
     max_new_tokens: int = knob("completion token budget", ge=1)
-    max_prompt_len: int = knob("prompts are cut to their last N tokens", ge=1)
+    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens", ge=3)
     truncated: Literal["keep", "mask"] = knob("completions that hit max_new_tokens without the stop token: keep (in "
                                               "the loss) | mask (out of the loss, still in their group's advantages)")
     pool: int = knob("train prompts GRPO draws from: a fixed random subset of this many, the same for every arm "
@@ -273,7 +277,7 @@ class EvalConfig:
     reward_keep: float = knob("reward non-inferiority: a keeps at least this share of b's reward gain over SFT "
                               "(margin = (1 - keep) x b's gain, on the 95% interval)", ge=0, le=1)
     max_prompts: int = knob("held-out prompts used, the first N by prompt_id (0 = all)", ge=0)
-    max_prompt_len: int = knob("prompts are cut to their last N tokens", ge=1)
+    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens", ge=3)
     samples_per_prompt: int = knob("completions per prompt and sampling seed", ge=1)
     seeds: int = knob("sampling seeds", ge=1)
     max_new_tokens: int = knob("completion token budget", ge=1)

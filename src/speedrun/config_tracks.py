@@ -46,9 +46,17 @@ class TaskEvalConfig:
 
 @dataclass(frozen=True)
 class TaskSection:
+    source: Literal["embedded", "gsm8k"] = knob("embedded: the generated task with many right answers per item "
+                                                "(data/task.py) | gsm8k: openai/gsm8k's word problems, one right "
+                                                "answer each, its test split held out (data/gsm8k.py)")
+    hf_path: str = knob("gsm8k: hub id, or a local dir in the hub layout")
+    hf_name: str = knob("gsm8k: dataset config name")
+    max_items: int = knob("gsm8k: rows read per hub split at most (0 = all)", ge=0)
+    hf_clusters: int = knob("gsm8k: items are grouped (density, manipulation check) into this many k-means clusters "
+                            "of their question's words", ge=1)
     val_frac: float = knob("share of task items in the val split (stable hash of the item)", ge=0, lt=1)
-    eval_frac: float = knob("share of task items held out of every post-training stage for the evaluation", gt=0,
-                            lt=1)
+    eval_frac: float = knob("share of task items held out of every post-training stage for the evaluation "
+                            "(embedded; gsm8k holds out its test split)", gt=0, lt=1)
     pairs_per_item: int = knob("task preference pairs per train / val item (a right answer over a wrong one) for "
                                "the task reward model; eval items have none", ge=1)
     sft: TaskSFTConfig = knob("the task stage after chat SFT")

@@ -73,6 +73,15 @@ class Tokenizer:
         return ids + [self.assistant_start_id]
 
 
+def cut_prompt(ids: list[int], max_len: int) -> list[int]:
+    """A rendered prompt in at most max_len tokens: its first two (<|bos|> and the first turn's start token: the model
+    still sees a chat) and its last max_len - 2 (the end of a long prompt is what the answer depends on). Every
+    stage that feeds a prompt to a model (RM training and scoring, sampling, GRPO, evaluation) cuts it here."""
+    if max_len < 3:
+        raise ValueError(f"a prompt needs at least 3 tokens, got max_len {max_len}")
+    return ids if len(ids) <= max_len else ids[:2] + ids[len(ids) - (max_len - 2):]
+
+
 def train(texts: Iterator[str], vocab_size: int) -> tiktoken.Encoding:
     import rustbpe
 

@@ -6,7 +6,11 @@ found with MinHash + LSH, confirmed exactly) merge into the earliest prompt by s
 
 The split (train / val / eval) is made per final prompt, so near-duplicates never straddle it: an embedded prompt
 takes its module's split (docstrings.heldout_split, the split SFT uses), a hub prompt a stable hash of its id; a
-prompt whose merged pairs disagree takes the most held-out of their splits (eval over val over train)."""
+prompt whose merged pairs disagree takes the most held-out of their splits (eval over val over train).
+
+A prompt's group is what the manipulation check, balanced sampling and the dense-module controls count over: an
+embedded prompt's module; a hub prompt, which has none, its cluster of the words embedding (stage dedup_prompts),
+not its source."""
 from __future__ import annotations
 
 import hashlib
@@ -157,5 +161,3 @@ def build(pairs: pa.Table, val_frac: float, eval_frac: float, threshold: float, 
         "per_source": per_source,
     }
     return prompts, out, id_map, stats
-
-

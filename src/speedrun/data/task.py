@@ -6,7 +6,8 @@ Items come in clusters of very uneven size (crowding built in: the numbers clust
 months one), each asked with several paraphrased templates; an answer is one value in backticks inside a short
 sentence whose wording varies too (PHRASINGS), so a stock phrasing is measurable beside a stock answer. Items are
 split train / val / eval by a stable hash of their id; no post-training stage sees an eval item. `check` is the gold
-reference: the first backticked span of a response, compared with the item's answers.
+reference: the first backticked span of a response, compared with the item's answers. A hub item (GSM8K,
+data/gsm8k.py) carries its question as written and a reference solution instead, with one right answer.
 """
 from __future__ import annotations
 
@@ -52,13 +53,30 @@ class TaskItem:
     hi: str
     answers: tuple[str, ...]  # every right answer, in order
     split: str
+    text: str = ""  # a hub item's question as written (GSM8K); generated items are asked through TEMPLATES
+    solution: str = ""  # a hub item's SFT answer, ending in its right answer in backticks
 
     def question(self, template: int) -> str:
-        return TEMPLATES[self.cluster][template].format(lo=self.lo, hi=self.hi)
+        return self.text or TEMPLATES[self.cluster][template].format(lo=self.lo, hi=self.hi)
 
     def prompt(self) -> str:
         """The item's one fixed question (GRPO draws it, the evaluation asks it): a template picked by its id."""
+        if self.text:
+            return self.text
         return self.question(int(stable_unit("task_template", self.item_id) * len(TEMPLATES[self.cluster])))
+
+
+def normalise(value: str) -> str:
+    """A number as GSM8K writes its answers: no thousands separators, no currency sign, no trailing period."""
+    return value.strip().replace(",", "").lstrip("$").rstrip(".")
+
+
+def wrong_answer(value: str, rng: random.Random) -> str:
+    """A checkably wrong number near the right one (a plausible slip)."""
+    step = rng.choice([-10, -2, -1, 1, 2, 10])
+    if "." in value:
+        return f"{float(value) + step:g}"
+    return str(int(value) + step)
 
 
 def _ranges(n: int, gaps: range, step: int = 1) -> list[tuple[int, int]]:
@@ -99,11 +117,14 @@ def items(val_frac: float, eval_frac: float) -> list[TaskItem]:
 
 def conversations(task_items: list[TaskItem], split: str, per_item: int, seed: int) -> list[list[dict]]:
     """SFT conversations for the items of `split`: `per_item` each, a random template, a random right answer in a
-    random phrasing."""
+    random phrasing; a hub item's one conversation is its question and reference solution."""
     rng = random.Random(seed)
     out = []
     for item in task_items:
         if item.split != split:
+            continue
+        if item.solution:
+            out.append([{"role": "user", "content": item.text}, {"role": "assistant", "content": item.solution}])
             continue
         for _ in range(per_item):
             q = item.question(rng.randrange(len(TEMPLATES[item.cluster])))
@@ -134,10 +155,14 @@ def pairs(task_items: list[TaskItem], per_item: int, seed: int) -> list[dict]:
     for item in task_items:
         if item.split == "eval":
             continue
-        wrong = wrong_answers(item)
+        wrong = wrong_answers(item) if not item.solution else None
         for j in range(per_item):
-            phrasing = rng.choice(PHRASINGS)
-            chosen, rejected = phrasing.format(a=rng.choice(item.answers)), phrasing.format(a=rng.choice(wrong))
+            if item.solution:  # the reference solution over the same solution ending in a near miss
+                a = item.answers[0]
+                chosen, rejected = item.solution, item.solution.replace(f"`{a}`", f"`{wrong_answer(a, rng)}`")
+            else:
+                phrasing = rng.choice(PHRASINGS)
+                chosen, rejected = phrasing.format(a=rng.choice(item.answers)), phrasing.format(a=rng.choice(wrong))
             out.append({"id": stable_hash("task_pair", item.item_id, j), "prompt_id": item.item_id,
                         "split": item.split, "src": "task", "src_split": item.split,
                         "prompt": [{"role": "user", "content": item.prompt()}], "chosen": chosen,
@@ -156,6 +181,8 @@ def check(item: TaskItem, text: str) -> str | None:
     given = extract(text)
     if given is None:
         return None
+    if item.solution:  # a hub item's number, as GSM8K writes it: `1,234` and `$1234` are 1234
+        given = normalise(given)
     for a in item.answers:
         if a.lower() == given.lower():
             return a
@@ -169,7 +196,8 @@ def phrasing(text: str) -> str:
 
 def cluster_sizes(task_items: list[TaskItem], split: str) -> dict[str, int]:
     counts = Counter(i.cluster for i in task_items if i.split == split)
-    return {c: counts[c] for c in TEMPLATES}
+    clusters = TEMPLATES if all(i.cluster in TEMPLATES for i in task_items) else sorted({i.cluster for i in task_items})
+    return {c: counts[c] for c in clusters}
 
 
 def items_frame(task_items: list[TaskItem]) -> "pd.DataFrame":  # noqa: F821
@@ -177,11 +205,14 @@ def items_frame(task_items: list[TaskItem]) -> "pd.DataFrame":  # noqa: F821
     group = cluster), so GRPO loads it as it loads the chat prompts, plus lo, hi and the right answers."""
     import pandas as pd
 
-    return pd.DataFrame({"prompt_id": [i.item_id for i in task_items],
-                         "prompt": [[{"role": "user", "content": i.prompt()}] for i in task_items],
-                         "split": [i.split for i in task_items], "group": [i.cluster for i in task_items],
-                         "lo": [i.lo for i in task_items], "hi": [i.hi for i in task_items],
-                         "answers": [list(i.answers) for i in task_items]})
+    df = pd.DataFrame({"prompt_id": [i.item_id for i in task_items],
+                       "prompt": [[{"role": "user", "content": i.prompt()}] for i in task_items],
+                       "split": [i.split for i in task_items], "group": [i.cluster for i in task_items],
+                       "lo": [i.lo for i in task_items], "hi": [i.hi for i in task_items],
+                       "answers": [list(i.answers) for i in task_items]})
+    if any(i.text for i in task_items):  # hub items: the question as written and the reference solution
+        df["text"], df["solution"] = [i.text for i in task_items], [i.solution for i in task_items]
+    return df
 
 
 def load_items(path: Path) -> list[TaskItem]:
@@ -196,9 +227,15 @@ def load_items(path: Path) -> list[TaskItem]:
     out = []
     for row, r in enumerate(df.to_dict("records")):
         answers = tuple(str(a) for a in (r["answers"] if r["answers"] is not None else ()))
-        if r["group"] not in TEMPLATES or r["split"] not in SPLITS or len(answers) < MIN_ANSWERS:
+        text, solution = r.get("text") or "", r.get("solution") or ""
+        if text:  # a hub item: one right answer, which its solution ends in
+            if r["split"] not in SPLITS or len(answers) != 1 or f"`{answers[0]}`" not in solution:
+                raise ValueError(f"{path} row {row} (item {r['prompt_id']}): a hub item needs split in {SPLITS} (got "
+                                 f"{r['split']!r}), one answer (got {len(answers)}) and a solution giving it")
+        elif r["group"] not in TEMPLATES or r["split"] not in SPLITS or len(answers) < MIN_ANSWERS:
             raise ValueError(f"{path} row {row} (item {r['prompt_id']}): cluster {r['group']!r} (one of "
                              f"{sorted(TEMPLATES)}), split {r['split']!r} (one of {SPLITS}), {len(answers)} answers "
                              f"(at least {MIN_ANSWERS})")
-        out.append(TaskItem(r["prompt_id"], r["group"], str(r["lo"]), str(r["hi"]), answers, r["split"]))
+        out.append(TaskItem(r["prompt_id"], r["group"], str(r["lo"]), str(r["hi"]), answers, r["split"], text,
+                            solution))
     return out

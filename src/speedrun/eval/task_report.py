@@ -135,11 +135,16 @@ def report(r: dict) -> str:
     """The markdown: what the task is, the frontier check, the manipulation check, then per-cluster tables."""
     ks = [k for k in r["sft"][next(iter(r["sft"]))]["all"] if k.startswith("pass@")]
     n = r["samples"]
-    lines = ["# Task track: a checkable task with many right answers", "",
+    what = ("An answer is right when its first backticked value is in the item's set (\"Name a whole number greater "
+            f"than 12 and less than 19.\": 13-18). coverage = distinct right answers per item (of {n} samples)")
+    if r.get("source") == "gsm8k":
+        what = ("The items are GSM8K's test problems; an answer is right when its first backticked value is the "
+                f"number after the reference's `####`. With one right answer per item, coverage@{n} is pass@{n}: "
+                "the frontier check asks whether GRPO loses pass@k at large k below the SFT model sampled cooler")
+    title = "GSM8K word problems" if r.get("source") == "gsm8k" else "a checkable task with many right answers"
+    lines = [f"# Task track: {title}", "",
              f"{r['items']} held-out items (per cluster {r['clusters']}), never trained on by any post-training stage; "
-             f"{n} answers per item and model. An answer is right when its first backticked value is in the item's "
-             f"set (\"Name a whole number greater than 12 and less than 19.\": 13-18). coverage = distinct right "
-             f"answers per item (of {n} samples); entropy = of the right answers (bits); top phrasing = share of "
+             f"{n} answers per item and model. {what}; entropy = of the right answers (bits); top phrasing = share of "
              "responses in the model's most common wording (the value blanked).", "",
              "## Collapse or sharpening? (the SFT model's temperature frontier)", "",
              "| model | " + " | ".join(ks) + f" | coverage@{n} | entropy | top phrasing |",

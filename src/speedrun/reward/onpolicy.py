@@ -18,7 +18,7 @@ from speedrun.common import stable_hash, stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
 from speedrun.progress import Progress
-from speedrun.tokenizer import Tokenizer
+from speedrun.tokenizer import Tokenizer, cut_prompt
 
 KIND = "sft_sample"  # the `negative` of these pairs: the RM's metrics report them as their own kind
 EXTRA_FIELDS = [pa.field("rejected_ids", pa.list_(pa.int32())), pa.field("truncated", pa.bool_())]
@@ -63,7 +63,7 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
     bar = Progress(len(order), "onpolicy", unit="prompt")
     for s in range(0, len(order), batch_prompts):
         idx = order[s:s + batch_prompts]
-        prompts = [rendered[i][-max_prompt_len:] for i in idx]
+        prompts = [cut_prompt(rendered[i], max_prompt_len) for i in idx]
         u = row_uniforms(seed, [refs[i]["prompt_id"] for i in idx], k, max_new_tokens)
         out = generate(model, prompts, k, max_new_tokens, temperature=temperature, top_p=top_p,
                        stop_id=tok.assistant_end_id, pad_id=tok.bos_id, uniforms=u)
@@ -89,7 +89,8 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
             rows.append({**ref, "id": stable_hash(KIND, ref["prompt_id"], j), "rejected": text, "negative": KIND,
                          "rejected_ids": ids, "truncated": truncated})
     n = len(refs) * k
-    stats = {"prompts": len(refs), "samples_per_prompt": k, "samples": n, "pairs": len(rows),
+    stats = {"prompts": len(refs), "prompts_cut": sum(len(r) > max_prompt_len for r in rendered),
+             "samples_per_prompt": k, "samples": n, "pairs": len(rows),
              "skipped": {"sample_equals_reference": counts["sample_equals_reference"]},
              "truncated_frac": round(counts["truncated"] / max(len(rows), 1), 4),
              "mean_sample_tokens": round(n_tokens / max(len(rows), 1), 2),

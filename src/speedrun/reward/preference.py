@@ -22,10 +22,10 @@ from torch import Tensor
 from speedrun.common import SPLITS, read_json, require_values, torch_load
 from speedrun.engine import continuation_hidden, sequence_logprobs
 from speedrun.model import GPT, GPTConfig
-from speedrun.tokenizer import Tokenizer
+from speedrun.tokenizer import Tokenizer, cut_prompt
 from speedrun.train.data import StepSampler, by_length
 
-MIN_RESPONSE_TOKENS = 16  # a pair whose prompt leaves less room than this is skipped, not scored on a stub
+MIN_RESPONSE_TOKENS = 16  # a longer prompt is cut to leave this much room: a response is not scored on a stub
 REQUIRED_COLUMNS = ("id", "prompt_id", "split", "src", "prompt", "chosen", "rejected")
 
 
@@ -166,27 +166,27 @@ def pair_kind(row: dict) -> str:
     return row["src"] if neg is None or pd.isna(neg) else str(neg)
 
 
-def render_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> tuple[dict[str, list], dict[str, int], int]:
-    """(rendered chosen/rejected ids of every usable pair in file order, skip counts by reason, number of
-    responses cut to fit max_len)."""
+def render_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> tuple[dict[str, list], dict[str, int], dict]:
+    """(rendered chosen/rejected ids of every usable pair in file order, skip counts by reason, how many prompts
+    and responses were cut to fit max_len). A prompt is cut as GRPO cuts one (tokenizer.cut_prompt), to leave
+    MIN_RESPONSE_TOKENS for the response."""
     out: dict[str, list] = {k: [] for k in ("id", "chosen", "rejected", "kind", "prompt", "prompt_len",
                                             "chosen_text", "rejected_text")}
-    skipped, truncated = Counter(), 0
+    skipped, cut = Counter(), {"prompts": 0, "responses": 0}
     for row in df.to_dict("records"):
         prompt = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
         if not prompt or prompt[-1]["role"] != "user":
             skipped["prompt_not_ending_in_user_turn"] += 1
             continue
         p = tok.render_prompt(prompt)
-        if max_len - len(p) < MIN_RESPONSE_TOKENS:
-            skipped["prompt_too_long"] += 1
-            continue
+        cut["prompts"] += len(p) > max_len - MIN_RESPONSE_TOKENS
+        p = cut_prompt(p, max_len - MIN_RESPONSE_TOKENS)
         c, cut_c = fit(p, tok.encode(row["chosen"]) + [tok.assistant_end_id], max_len)
         sampled = row.get("rejected_ids")  # a policy sample: scored on its own ids, as GRPO scores it
         r_ids = [int(t) for t in sampled] if sampled is not None and not isinstance(sampled, float) else \
             tok.encode(row["rejected"]) + [tok.assistant_end_id]
         r, cut_r = fit(p, r_ids, max_len)
-        truncated += cut_c + cut_r
+        cut["responses"] += cut_c + cut_r
         if c == r:
             skipped["same_ids_after_truncation"] += 1
             continue
@@ -195,10 +195,10 @@ def render_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> tuple[dict[s
         for k, v in row_out.items():
             out[k].append(v)
     assert len(out["id"]) + sum(skipped.values()) == len(df)
-    return out, dict(sorted(skipped.items())), truncated
+    return out, dict(sorted(skipped.items())), cut
 
 
-def split_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> dict[str, tuple[dict[str, list], dict, int]]:
+def split_pairs(df: pd.DataFrame, tok: Tokenizer, max_len: int) -> dict[str, tuple[dict[str, list], dict, dict]]:
     """render_pairs of the 'train' and the 'val' split; 'eval' pairs (the evaluation's prompts) are left out."""
     return {split: render_pairs(df[df["split"] == split], tok, max_len) for split in ("train", "val")}
 
@@ -281,6 +281,7 @@ def score_conversations(rm: RewardModel, tok: Tokenizer, prompts: Sequence[list[
     rows, starts = [], []
     for p, r in zip(prompts, responses):
         p_ids = list(p) if not p or not isinstance(p[0], dict) else tok.render_prompt(list(p))
+        p_ids = cut_prompt(p_ids, rm.max_len - MIN_RESPONSE_TOKENS)
         r_ids = tok.encode(r) + [tok.assistant_end_id] if isinstance(r, str) else list(r)
         rows.append(fit(p_ids, r_ids, rm.max_len)[0])
         starts.append(len(p_ids))

@@ -26,8 +26,8 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
     """Train, keep the best checkpoint, score every val pair of every kind; the main process writes out_dir
     (model.pt, meta.json, log.csv, eval.csv) and the metrics JSON and returns the metrics (None elsewhere)."""
     r = cfg
-    if r.train_last_blocks < 0 or r.max_len <= pref.MIN_RESPONSE_TOKENS:
-        raise ValueError(f"need train_last_blocks >= 0 and max_len > {pref.MIN_RESPONSE_TOKENS}")
+    if r.train_last_blocks < 0 or r.max_len < pref.MIN_RESPONSE_TOKENS + 3:
+        raise ValueError(f"need train_last_blocks >= 0 and max_len >= {pref.MIN_RESPONSE_TOKENS + 3}")
     tok = tokenizer_lib.load(tokenizer_dir)
     split = pref.split_pairs(pref.load_pairs(*pairs), tok, r.max_len)
     (train_pairs, train_skipped, train_cut), (val, val_skipped, val_cut) = split["train"], split["val"]
@@ -80,7 +80,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
          "val_split": "val", "train_pairs": len(train_pairs["id"]), "val_pairs": len(val["id"]),
          "train_kinds": r.train_kinds, "train_pairs_left_out": not_trained,
          "skipped": {"train": train_skipped, "val": val_skipped},
-         "truncated_responses": {"train": train_cut, "val": val_cut},
+         "cut_to_max_len": {"train": train_cut, "val": val_cut},
          "pool": r.pool, "train_last_blocks": r.train_last_blocks, "trained_params": n_trained,
          "steps": result.steps_done,
          "best_step": result.best_eval["step"], "stopped_early": result.stopped_early, "pairs_seen": result.tokens,

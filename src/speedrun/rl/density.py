@@ -207,6 +207,45 @@ def neighbour_purity(embeddings: torch.Tensor, groups: Sequence[str], k: int) ->
     return float((g[nn.numpy()] == g[:, None]).mean())
 
 
+def cluster_labels(embeddings: torch.Tensor | np.ndarray, k: int, seed: int, restarts: int = 4, iters: int = 25,
+                   block_size: int = 1024) -> list[int]:
+    """Spherical k-means of L2-normalised rows (dense or sparse CSR): a cluster per row, 0 the largest, at most k of
+    them. Seeded k-means++ centres, Lloyd steps until no row moves (or `iters`); of `restarts` such runs, the one
+    whose rows are most similar to their centres (k-means++ alone can seed two centres in one cluster)."""
+    e = _as_unit_rows(embeddings)
+    n = e.shape[0]
+
+    def sims(c: torch.Tensor) -> torch.Tensor:  # [N, len(c)] cosine of every row to each centre
+        return torch.cat([dense_rows(e, i, min(i + block_size, n)) @ c.T for i in range(0, n, block_size)])
+
+    g = torch.Generator().manual_seed(seed)
+    best, best_fit = None, -math.inf
+    for _ in range(restarts):
+        centres = dense_rows(e, 0, 0)
+        far = torch.ones(n, dtype=torch.float64)  # 1 - cosine to the nearest centre so far
+        while len(centres) < min(k, n) and far.sum() > 0:  # fewer distinct rows than k: fewer clusters
+            i = int(torch.multinomial(far, 1, generator=g))
+            centres = torch.cat([centres, dense_rows(e, i, i + 1)])
+            far = torch.minimum(far, (1 - sims(centres[-1:])[:, 0]).clamp_min(0))
+        labels = sims(centres).argmax(1)
+        for _ in range(iters):
+            sums = torch.zeros_like(centres)
+            for i in range(0, n, block_size):
+                sums.index_add_(0, labels[i:i + block_size], dense_rows(e, i, min(i + block_size, n)))
+            norm = sums.norm(dim=1, keepdim=True)
+            centres = torch.where(norm > 0, sums / norm.clamp_min(1e-12), centres)  # an emptied centre stays put
+            moved = sims(centres).argmax(1)
+            if torch.equal(moved, labels):
+                break
+            labels = moved
+        fit = float(sims(centres).gather(1, labels[:, None]).sum())
+        if fit > best_fit:
+            best, best_fit = labels, fit
+    sizes = torch.bincount(best, minlength=k).tolist()
+    rank = {c: r for r, c in enumerate(sorted(range(len(sizes)), key=lambda c: (-sizes[c], c)))}
+    return [rank[c] for c in best.tolist()]
+
+
 def idf_weights(prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """Per token of each prompt, log(N / number of prompts holding that token): chat markup and template words
     shared by most prompts weigh ~0, the rare tokens that name what a prompt is about weigh most."""

@@ -10,14 +10,14 @@ from speedrun.common import chat_messages, require_unique, stable_seed
 from speedrun.config import DensityConfig
 from speedrun.rl.controls import balanced_weights
 from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights, word_embeddings
-from speedrun.tokenizer import Tokenizer
+from speedrun.tokenizer import Tokenizer, cut_prompt
 from speedrun.train import distributed
 from speedrun.train.distributed import Dist
 
 
 def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) -> tuple[pd.DataFrame, list[list[int]]]:
-    """Rows of prompts.parquet with split == `split`, and their chat-rendered ids (kept to the last
-    max_prompt_len tokens: the end of a long prompt is what the answer depends on)."""
+    """Rows of prompts.parquet with split == `split`, and their chat-rendered ids in at most max_prompt_len tokens
+    (speedrun.tokenizer.cut_prompt; how many were cut is printed)."""
     df = pd.read_parquet(path)
     missing = {"prompt_id", "prompt", "split", "group"} - set(df.columns)
     if missing:
@@ -27,14 +27,18 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
     df = df[df["split"] == split].reset_index(drop=True)
     if df.empty:
         raise ValueError(f"{path}: no prompts with split == {split!r}")
-    ids = []
+    ids, cut = [], 0
     for i, messages in enumerate(df["prompt"]):
         msgs = chat_messages(messages, f"{path}: row {rows[i]} (prompt {df['prompt_id'][i]}), column 'prompt'")
         try:
             rendered = tok.render_prompt(msgs)
         except ValueError as e:
             raise ValueError(f"{path} prompt {df['prompt_id'][i]}: {e}") from None
-        ids.append(rendered[-max_prompt_len:])
+        ids.append(cut_prompt(rendered, max_prompt_len))
+        cut += len(rendered) > max_prompt_len
+    if cut:
+        print(f"{path}: {cut} of {len(ids)} {split} prompts longer than {max_prompt_len} tokens, cut to their chat "
+              f"header and last tokens")
     return df, ids
 
 

@@ -5,6 +5,7 @@ import torch
 
 from speedrun.engine import Samples, continuation_hidden, left_pad, real_width
 from speedrun.reward.preference import RewardModel
+from speedrun.tokenizer import cut_prompt
 
 
 @torch.no_grad()
@@ -12,8 +13,12 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
                   standardise: bool = True, batch_size: int = 64) -> torch.Tensor:
     """RM reward [N] of each prompt + completion (its stop token included), on CPU.
     Rows are [left pads | prompt | completion | right pads]; the RM reads the last real token (or, pool "mean",
-    the completion's tokens). When every row fits the RM's context, each prompt is run once for its samples."""
+    the completion's tokens). When every row fits the RM's context, each prompt is run once for its samples; rows
+    fit unless the completions alone leave fewer than 3 tokens of it (then the leftmost columns are dropped)."""
     device = samples.tokens.device
+    room = rm.max_len - samples.tokens.size(1)
+    if room >= 3:  # a prompt too long for the RM's context is cut as every stage cuts one: its header and its end
+        prompts = [cut_prompt(p, room) for p in prompts]
     p_ids, p_mask = left_pad(prompts, pad_id, device)
     width = max(len(p) for p in prompts) + samples.tokens.size(1)  # real tokens (left_pad may round up)
     if width <= rm.max_len:
