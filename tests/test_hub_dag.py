@@ -93,6 +93,7 @@ def test_documented_node_command_runs_on_hub_mirrors(tmp_path):
     items = pd.read_parquet(repo / "data/task/items.parquet")
     assert items["text"].str.contains("apples|eggs").all() and set(items["split"]) == {"train", "val", "eval"}
     gsm = json.loads((repo / "reports/metrics/task.json").read_text())
-    assert {"pass@1", "pass@2", "coverage"} <= set(gsm["sft"]["1.0"]["all"]) and {"checker", "density"} <= set(gsm["arms"])
+    assert {"pass@1", "pass@2", "coverage"} <= set(gsm["sft"]["1.0"]["all"]) and gsm["source"] == "gsm8k"
+    assert {"checker", "density"} <= set(gsm["arms"]) and "GSM8K" in (repo / "reports/task.md").read_text()
     report = (repo / "reports/report.md").read_text()
     assert "stdlib" not in report.split("## ")[1], "the report describes the embedded split on hub prompts"
