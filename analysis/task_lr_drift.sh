@@ -21,7 +21,8 @@ for setting in ${SETTINGS:-0.0001:150 0.0001:400 0.0003:150 0.001:100}; do
         "${extra[@]}" --out-dir "$dir/runs/${arm}_s$seed" --metrics "$dir/metrics/${arm}_s$seed.json" | tail -1
     done
   done
-  python -m stages.task_eval -S 'task.run=[checker,shuffled]' -S "task.seeds=[$seeds_list]" --runs-dir "$dir/runs" \
+  python -m stages.task_eval -S 'task.run=[checker,shuffled]' -S "task.seeds=[$seeds_list]" \
+    -S "task.eval.comparisons=['checker:shuffled']" --runs-dir "$dir/runs" \
     --runs-metrics "$dir/metrics" --answers "$dir/answers.parquet" --metrics "$dir/task.json" --report "$dir/task.md" \
     > /dev/null
   echo "lr $lr, $steps steps:"
