@@ -12,17 +12,17 @@ READS = ("prompts", "corpus.val_frac", "seed")
 PATHS = {"pairs": "data/pairs/pairs.parquet", "out_dir": "data/prompts"}
 
 
-def cluster_hub_prompts(prompts: pd.DataFrame, k: int, seed: int) -> tuple[pd.DataFrame, dict]:
+def cluster_hub_prompts(df: pd.DataFrame, k: int, seed: int) -> tuple[pd.DataFrame, dict]:
     """The prompts with every hub prompt's group (its source) replaced by its k-means cluster of the words embedding
     of its last user turn ("cluster_00" the largest), and the clusters' sizes and source mix. k 0: left as sources."""
-    hub = prompts["srcs"].map(lambda v: "embedded" not in v).to_numpy()
+    hub = df["srcs"].map(lambda v: "embedded" not in v).to_numpy()
     if k == 0 or not hub.any():
-        return prompts, {}
-    texts = [m[-1]["content"] for m in prompts.loc[hub, "prompt"]]
+        return df, {}
+    texts = [m[-1]["content"] for m in df.loc[hub, "prompt"]]
     labels = [f"cluster_{c:02d}" for c in cluster_labels(word_embeddings(texts), k, seed)]
-    out = prompts.copy()
+    out = df.copy()
     out.loc[hub, "group"] = labels
-    mix = pd.crosstab(pd.Series(labels, name="cluster"), prompts.loc[hub, "group"].to_numpy())
+    mix = pd.crosstab(pd.Series(labels, name="cluster"), df.loc[hub, "group"].to_numpy())
     return out, {c: {"prompts": int(row.sum()), **{str(s): int(v) for s, v in row.items() if v}}
                  for c, row in mix.iterrows()}
 
