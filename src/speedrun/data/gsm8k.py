@@ -1,6 +1,6 @@
 """GSM8K (`openai/gsm8k`, config `main`) as the task track's hub task: grade-school word problems, one right answer
-each (the number after `####` in the reference solution), checked exactly as the embedded task is: the first
-backticked value of a response.
+each (the number after `####` in the reference solution), checked as the embedded task is: the first backticked
+value of a response, read as GSM8K writes numbers (`7,000` and `$7000` are 7000; task.normalise).
 
 A reference solution becomes the SFT answer with its calculator annotations (`<<48/2=24>>`) removed and its final
 line `#### 72` written as "The answer is `72`.", so the checker reads the model's final answer. The hub's test split
