@@ -2,6 +2,7 @@
 
     python bench/scale.py --what vocab --scales 1,10,100   # EAD vocabulary of the corpus: lean ids vs tuple sets
     python bench/scale.py --what knn --scales 1,10,100     # density k-NN over the train prompts (words embedding)
+    python bench/scale.py --what pack --scales 1,10,100    # the corpus packed into a token file, then read back
 
 vocab: the committed run's corpus train split (data/corpus/train.parquet) copied `scale` times, every word of copy c
 suffixed with c, so the distinct n-grams grow linearly with the scale (the worst case: a real corpus grows them
@@ -9,14 +10,19 @@ sublinearly); `eval.diversity.ngram_vocab` (word ids, deduplicated int arrays) a
 replaced (`--old`, also timed). knn: the train prompts (data/prompts/prompts.parquet) repeated `scale` times with a
 copy marker word, the words embedding (sparse: its size grows with the prompts' words) and
 `rl.density.knn_distance` (blocked: memory flat in N beside the embedding, time N^2, so it is timed only up to
---knn-max prompts). vocab's peak memory is tracemalloc's (Python and numpy allocations); knn's is the process's peak
-RSS (torch's tensors are not traced), with the embedding's own size beside it. Run from the repository root after
-`dvc repro corpus dedup_prompts`.
+--knn-max prompts). pack: the same scaled corpus as vocab; `train.data.write_tokens` (the tokenizer stage's
+packing, chunk by chunk to a file) against `--old`, the stream built in memory as the pack_documents it replaced did
+(int32 parts of 1,024 documents, then one concatenation; what pretrain and each adversarial stage did on every rank),
+then a pretrain batch read from the memory-mapped file (`read_tokens`, `windows`). vocab's and pack's peak memory
+is tracemalloc's (Python and numpy allocations); knn's is the process's peak RSS (torch's tensors are not traced),
+with the embedding's own size beside it. Run from the repository root after `dvc repro dedup_prompts tokenizer`.
 """
 import argparse
 import resource
+import shutil
 import time
 import tracemalloc
+from pathlib import Path
 
 import pandas as pd
 
@@ -47,7 +53,7 @@ def bench_vocab(scales: list[int], old: bool) -> None:
     base = pd.read_parquet("data/corpus/train.parquet", columns=["text"])["text"].tolist()
     print(f"corpus train split: {len(base)} docs, {sum(map(len, base)) / 2**20:.1f} MiB of text")
     for s in scales:
-        texts = base if s == 1 else [" ".join(f"{w}{c}" for w in t.split()) for c in range(s) for t in base]
+        texts = scaled_corpus(base, s)
         got, sec, mib = measure(dv.ngram_vocab, texts)
         line = f"x{s:<4} {len(texts):>8} docs  V = {got}  ngram_vocab {sec:7.1f} s, peak {mib:8.1f} MiB"
         if old:
@@ -77,15 +83,60 @@ def bench_knn(scales: list[int], k: int, knn_max: int) -> None:
         print(f"{line}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:8.1f} MiB", flush=True)
 
 
+def scaled_corpus(base: list[str], s: int) -> list[str]:
+    """The corpus `s` times, every word of copy c suffixed with c (distinct words and n-grams grow with the scale)."""
+    return base if s == 1 else [" ".join(f"{w}{c}" for w in t.split()) for c in range(s) for t in base]
+
+
+def bench_pack(scales: list[int], old: bool) -> None:
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from speedrun import tokenizer as tokenizer_lib
+    from speedrun.common import write_json
+    from speedrun.train.data import read_tokens, windows, write_tokens
+
+    tok = tokenizer_lib.load("outs/tokenizer")
+    base = pd.read_parquet("data/corpus/train.parquet", columns=["text"])["text"].tolist()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_pack_"))
+    write_json(tmp / "meta.json", {"tokenizer": tok.digest})
+    for s in scales:
+        texts = scaled_corpus(base, s)
+        n, sec, mib = measure(write_tokens, tmp / "train.bin", texts, tok)
+        line = (f"x{s:<4} {len(texts):>8} docs {n:>12,} tokens  write_tokens {sec:7.1f} s, peak {mib:7.1f} MiB, "
+                f"file {(tmp / 'train.bin').stat().st_size / 2**20:7.1f} MiB")
+
+        def batch() -> torch.Tensor:  # what a pretrain step reads: 16 random windows of 256
+            win = windows(read_tokens(tmp / "train.bin", tok.digest), 256)
+            return win[torch.randint(len(win), (16,))].long()
+        _, sec_r, mib_r = measure(batch)
+        line += f" | read a batch {sec_r * 1e3:6.1f} ms, peak {mib_r:6.1f} MiB"
+        if old:
+            def in_memory() -> np.ndarray:  # pack_documents as it was, in numpy (tracemalloc sees numpy, not torch)
+                parts = [np.asarray([tok.bos_id, *d], dtype=np.int32)
+                         for i in range(0, len(texts), 1024) for d in tok.encode_batch(texts[i:i + 1024])]
+                return np.concatenate(parts)
+            got, sec_o, mib_o = measure(in_memory)
+            same = np.array_equal(got, np.fromfile(tmp / "train.bin", dtype=np.int32))
+            line += f" | in memory {sec_o:7.1f} s, peak {mib_o:8.1f} MiB ({'equal' if same else 'DIFFERENT'})"
+        print(line, flush=True)
+    shutil.rmtree(tmp)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", choices=["vocab", "knn"], default="vocab")
+    ap.add_argument("--what", choices=["vocab", "knn", "pack"], default="vocab")
     ap.add_argument("--scales", default="1,10,100", help="comma-separated multiples of the embedded size")
     ap.add_argument("--old", action=argparse.BooleanOptionalAction, default=True,
-                    help="vocab: also time the tuple-set count it replaced")
+                    help="vocab, pack: also time what it replaced (tuple sets; the stream built in memory)")
     ap.add_argument("--k", type=int, default=20, help="knn: neighbours (params.yaml grpo.density.k)")
     ap.add_argument("--knn-max", type=int, default=60_000,
                     help="knn: time the k-NN only up to this many prompts (its time grows as N^2)")
     args = ap.parse_args()
     scales = [int(x) for x in args.scales.split(",")]
-    bench_vocab(scales, args.old) if args.what == "vocab" else bench_knn(scales, args.k, args.knn_max)
+    if args.what == "knn":
+        bench_knn(scales, args.k, args.knn_max)
+    else:
+        (bench_vocab if args.what == "vocab" else bench_pack)(scales, args.old)

@@ -17,7 +17,7 @@ from speedrun.stage import run_stage
 
 READS = ("seed", "beta", "model.seq_len", "compute.device", "adversarial.cycles", "adversarial.seq_len",
          "adversarial.temperature", "adversarial.eval")
-PATHS = {"adv_dir": "outs/adv", "corpus_dir": "data/corpus", "tokenizer_dir": "outs/tokenizer",
+PATHS = {"adv_dir": "outs/adv", "tokens_dir": "data/tokens", "tokenizer_dir": "outs/tokenizer",
          "metrics": "reports/metrics/adversarial.json", "out_md": "reports/adversarial.md",
          "fig_dir": "reports/figures"}
 
@@ -29,12 +29,12 @@ def main(p, io) -> None:
     adv_dir, samples_shown = io.adv_dir, c.samples_shown
     device = pick_device(p.compute.device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
-    val_texts = pd.read_parquet(io.corpus_dir / "val.parquet")["text"].tolist()
-    win = adv.corpus_windows(val_texts, tok, seq_len)
+    stream = data.read_tokens(io.tokens_dir / "val.bin", tok.digest)
+    win = data.windows(stream, seq_len)
     pool, idx = adv.prompt_pool(win, c.prompts, seed, "adv_eval")
     starts = torch.tensor([len(prefix) - 1 for prefix in pool])
-    seqs = {ev.NATURAL: (win[idx, 1:], starts)}  # the true continuations
-    bpb_win = data.windows(data.pack_documents(val_texts, tok), p.model.seq_len)[:c.bpb_windows]
+    seqs = {ev.NATURAL: (win[idx, 1:].long(), starts)}  # the true continuations
+    bpb_win = data.windows(stream, p.model.seq_len)[:c.bpb_windows]
     tbytes = data.token_bytes(tok)
 
     policies, samples = {}, {}

@@ -19,7 +19,7 @@ from speedrun.train.checkpoint import load_model, save_model
 
 READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "adversarial.cycles.{cycle}", "adversarial.seq_len", "adversarial.temperature", "adversarial.grpo")
-PATHS = {"init_dir": None, "disc_dir": "outs/adv/cycle_{cycle}/disc", "corpus_dir": "data/corpus",
+PATHS = {"init_dir": None, "disc_dir": "outs/adv/cycle_{cycle}/disc", "tokens_dir": "data/tokens",
          "tokenizer_dir": "outs/tokenizer", "out_dir": "outs/adv/cycle_{cycle}/policy"}
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes
 
@@ -30,7 +30,7 @@ def main(p, io, cycle: str) -> None:
     device = pick_device(p.compute.device)
     use_shapes(p.compute.width_step, device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
-    win = adv.corpus_windows(pd.read_parquet(io.corpus_dir / "train.parquet")["text"].tolist(), tok, a.seq_len)
+    win = adv.corpus_windows(io.tokens_dir / "train.bin", tok.digest, a.seq_len)
     pool, _ = adv.prompt_pool(win, c.prompts, p.seed, "adv_grpo", cycle)
     seed_everything(p.seed)
     policy, meta = load_model(init_dir, device, tok.digest)

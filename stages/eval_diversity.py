@@ -27,7 +27,7 @@ from speedrun.rl.density import group_shares
 from speedrun.rl.prompts import load_prompts
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
-from speedrun.train.checkpoint import load_model
+from speedrun.train.checkpoint import context_length, load_model
 
 READS = ("seed", "compute.device", "compute.width_step", "corpus.val_frac", "prompts.eval_frac", "sft.source", "eval",
          "grpo.run", "grpo.variants", "grpo.controls.tic", "grpo.seeds")
@@ -66,7 +66,8 @@ def main(p, io) -> None:
     dev = pick_device(p.compute.device)
     use_shapes(p.compute.width_step, dev)
     tok = tokenizer_lib.load(io.tokenizer_dir)
-    df, ids = load_prompts(io.prompts, tok, "eval", c.max_prompt_len)
+    df, ids = load_prompts(io.prompts, tok, "eval", context_length(c.max_prompt_len, io.sft_dir, c.max_new_tokens,
+                                                                   "eval.max_prompt_len"))
     # a held-out prompt whose reference answer is also some trained prompt's answer (the stdlib ships copies of a
     # few modules) is not held out: left out, and counted in the report
     pairs = pd.read_parquet(io.pairs, columns=["id", "prompt_id", "prompt", "split", "chosen"])

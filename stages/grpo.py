@@ -21,7 +21,7 @@ from speedrun.rl.trainer import grpo_train, save_run
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
-from speedrun.train.checkpoint import load_model
+from speedrun.train.checkpoint import context_length, load_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
@@ -39,9 +39,11 @@ def main(p, io, variant: str, seed: int) -> None:
     d = distributed.setup(pick_device(p.compute.device))
     dev = d.device
     use_shapes(p.compute.width_step, dev)
-    cfg = dataclasses.replace(p.grpo.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
+    t = p.grpo.train
+    cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
                               entropy_bonus=arm.entropy_bonus, decode=p.compute.decode,
-                              warm_up=dev.startswith("cuda"))
+                              warm_up=dev.startswith("cuda"), max_prompt_len=context_length(
+                                  t.max_prompt_len, io.sft_dir, t.max_new_tokens, "grpo.train.max_prompt_len"))
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)

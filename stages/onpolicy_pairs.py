@@ -9,7 +9,7 @@ from speedrun.common import pick_device, write_json, write_table
 from speedrun.reward import onpolicy
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
-from speedrun.train.checkpoint import load_model
+from speedrun.train.checkpoint import context_length, load_model
 
 READS = ("seed", "compute.device", "compute.width_step", "onpolicy")
 PATHS = {"pairs": "data/prompts/pairs.parquet", "sft_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer",
@@ -28,8 +28,9 @@ def main(p, io) -> None:
         use_shapes(p.compute.width_step, dev)
         tok = tokenizer_lib.load(io.tokenizer_dir)
         model, _ = load_model(io.sft_dir, dev, tok.digest)
+        prompt_len = context_length(c.max_prompt_len, io.sft_dir, c.max_new_tokens, "onpolicy.max_prompt_len")
         rows, stats = onpolicy.sample_rejected(model, tok, refs, c.samples_per_prompt, c.max_new_tokens,
-                                               c.temperature, c.top_p, p.seed, c.batch_prompts, c.max_prompt_len, dev)
+                                               c.temperature, c.top_p, p.seed, c.batch_prompts, prompt_len, dev)
     write_table(io.out_dir / "pairs.parquet", onpolicy.pairs_table(rows, table.schema))
     write_json(io.out_dir / "stats.json", stats)
     print(f"onpolicy: {stats['pairs']} pairs from {stats['prompts']} prompts x {c.samples_per_prompt} samples "

@@ -1,8 +1,6 @@
 """Stage pretrain: a GPT trained on the packed corpus; val bits-per-byte, early stopping, resume, DDP."""
 import dataclasses
 
-import pandas as pd
-
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import files_digest, pick_device, seed_everything, use_bf16, write_json
 from speedrun.model import GPT, GPTConfig
@@ -14,7 +12,7 @@ from speedrun.probe import copy_gain
 from speedrun.train.outputs import sample_texts, throughput, write_logs
 
 READS = ("seed", "compute", "model", "pretrain")
-PATHS = {"corpus_dir": "data/corpus", "tokenizer_dir": "outs/tokenizer", "scratch_dir": "scratch/pretrain",
+PATHS = {"tokens_dir": "data/tokens", "tokenizer_dir": "outs/tokenizer", "scratch_dir": "scratch/pretrain",
          "out_dir": "outs/pretrain", "metrics": "reports/metrics/pretrain.json"}
 
 
@@ -23,9 +21,8 @@ def main(p, io) -> None:
     d = distributed.setup(pick_device(p.compute.device))
     c, mc = p.pretrain, p.model
     tok = tokenizer_lib.load(io.tokenizer_dir)
-    texts = {s: pd.read_parquet(io.corpus_dir / f"{s}.parquet")["text"].tolist() for s in ("train", "val")}
-    train_win = data.windows(data.pack_documents(texts["train"], tok), mc.seq_len)
-    val_win = data.windows(data.pack_documents(texts["val"], tok), mc.seq_len)[:c.eval_windows]
+    train_win = data.windows(data.read_tokens(io.tokens_dir / "train.bin", tok.digest), mc.seq_len)
+    val_win = data.windows(data.read_tokens(io.tokens_dir / "val.bin", tok.digest), mc.seq_len)[:c.eval_windows]
     tbytes = data.token_bytes(tok)
     seed_everything(p.seed)
     config = GPTConfig(vocab_size=tok.vocab_size, depth=mc.depth, n_embd=mc.width, head_dim=mc.head_dim,
@@ -40,7 +37,7 @@ def main(p, io) -> None:
     result = train(model, cfg, data.lm_batch_fn(train_win, sampler),
                    lambda m: {"val_bpb": data.bits_per_byte(m, val_win, tbytes, 16, d.device)}, d,
                    scratch=io.scratch_dir, name="pretrain",
-                   fingerprint=f"pretrain|{p.digest()}|{files_digest(io.corpus_dir, io.tokenizer_dir)}")
+                   fingerprint=f"pretrain|{p.digest()}|{files_digest(io.tokens_dir, io.tokenizer_dir)}")
     if d.is_main:
         model.load_state_dict(result.best_state)
         m = {"val_bpb": round(result.best_eval["val_bpb"], 5), "steps": result.steps_done,

@@ -6,7 +6,7 @@ from speedrun.common import files_digest, pick_device, seed_everything, use_bf16
 from speedrun.data import sft as sft_data
 from speedrun.stage import run_stage
 from speedrun.train import data, distributed
-from speedrun.train.checkpoint import load_model, save_model
+from speedrun.train.checkpoint import context_length, load_model, save_model
 from speedrun.train.loop import train
 from speedrun.probe import copy_gain
 from speedrun.train.outputs import sample_texts, throughput, write_logs
@@ -19,7 +19,7 @@ PATHS = {"init_dir": "outs/pretrain", "tokenizer_dir": "outs/tokenizer", "object
 def main(p, io) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.sft")
     d = distributed.setup(pick_device(p.compute.device))
-    c = p.sft
+    c = dataclasses.replace(p.sft, max_len=context_length(p.sft.max_len, io.init_dir, key="sft.max_len"))
     tok = tokenizer_lib.load(io.tokenizer_dir)
     skipped: dict[str, int] = {}
     if c.source == "embedded":

@@ -1,6 +1,7 @@
 """Stage task_eval: the task track's checks, ahead of any density verdict. Every model answers every held-out item
 task.eval.samples times (the task SFT model at each of task.eval.temperatures, every arm x seed at the GRPO
-temperature); per model and cluster: pass@1, pass@k, coverage, right-answer entropy, top-phrasing share. Then:
+temperature); per model and cluster: pass@1, pass@k, coverage, right-answer entropy, top-phrasing share, and the
+answers' semantic diversity (a sentence encoder, shown where it orders the SFT model's temperatures). Then:
 does an arm lie below the SFT model's temperature frontier (collapse, not sharpening)? Did the density arm move the
 cluster mix (the manipulation check)? Each task.eval.comparisons pair (density against uniform): Δ coverage beyond
 the frontier, pass@1 non-inferiority, the MDE and the seeds it would need.
@@ -10,6 +11,7 @@ import pandas as pd
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, read_json, write_json, write_parquet, write_text
 from speedrun.data import task
+from speedrun.eval import semantic
 from speedrun.eval.task_report import manipulation, report
 from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import frontier_gaps, sample_answers, summary
@@ -51,6 +53,7 @@ def main(p, io) -> None:
               "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
               "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
                            for arm in p.task.run}}
+    result["semantic"] = semantic_diversity(sft, runs, dev)
     if any(i.text for i in items):  # hub items (GSM8K): the report says what the task is
         result["source"] = "gsm8k"
     metrics = {arm: [read_json(io.runs_metrics / f"{arm}_s{s}.json") for s in p.task.seeds] for arm in p.task.run}
@@ -68,6 +71,18 @@ def main(p, io) -> None:
     text = report(result)
     write_text(io.report, text)
     print(text)
+
+
+def semantic_diversity(sft: dict[float, pd.DataFrame], runs: dict[str, list[pd.DataFrame]], dev: str) -> dict:
+    """Each model's semantic diversity (speedrun.eval.semantic), the SFT model's temperature control first."""
+    names = {**{f"sft {t}": a for t, a in sft.items()}, **{f"{arm} {i}": a for arm, fs in runs.items()
+                                                            for i, a in enumerate(fs)}}
+    d = semantic.model_diversity(names, semantic.load_encoder(dev))
+    by_t = {str(t): d[f"sft {t}"] for t in sft}
+    arms = {arm: [d[f"{arm} {i}"] for i in range(len(fs))] for arm, fs in runs.items()}
+    return {"control": semantic.temperature_control({float(t): v["all"] for t, v in by_t.items()}), "sft": by_t,
+            "arms": {arm: {"mean": {k: round(sum(r[k] for r in rs) / len(rs), 5) for k in rs[0]}, "runs": rs}
+                     for arm, rs in arms.items()}}
 
 
 def _mean(summaries: list[dict]) -> dict:

@@ -22,7 +22,7 @@ from speedrun.rl.trainer import grpo_train, save_run
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
-from speedrun.train.checkpoint import load_model
+from speedrun.train.checkpoint import context_length, load_model
 
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "task.train", "task.density", "task.variants.{arm}")
@@ -48,8 +48,11 @@ def main(p, io, arm: str, seed: int) -> None:
     d = distributed.setup(pick_device(p.compute.device))
     dev = d.device
     use_shapes(p.compute.width_step, dev)
-    cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
-                              entropy_bonus=0.0, decode=p.compute.decode, warm_up=dev.startswith("cuda"))
+    t = p.task.train
+    cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
+                              entropy_bonus=0.0, decode=p.compute.decode, warm_up=dev.startswith("cuda"),
+                              max_prompt_len=context_length(t.max_prompt_len, io.sft_dir, t.max_new_tokens,
+                                                            "task.train.max_prompt_len"))
     seed_everything(seed)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = pool_subset(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), cfg.pool)

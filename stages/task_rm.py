@@ -7,6 +7,7 @@ from speedrun.common import files_digest, pick_device, use_bf16
 from speedrun.reward.train_rm import train_reward_model
 from speedrun.stage import run_stage
 from speedrun.train import distributed
+from speedrun.train.checkpoint import context_length
 
 READS = ("seed", "compute", "task.rm")
 PATHS = {"pairs": ["data/task/pairs.parquet"], "init_dir": "outs/task_sft", "tokenizer_dir": "outs/tokenizer",
@@ -17,7 +18,8 @@ def main(p, io) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.task_rm")
     d = distributed.setup(pick_device(p.compute.device))
     cfg = dataclasses.replace(p.task.rm, bf16=use_bf16(p.compute.dtype, d.device), compile=p.compute.compile,
-                              monitor="val_loss")
+                              monitor="val_loss", max_len=context_length(p.task.rm.max_len, io.init_dir,
+                                                                         key="task.rm.max_len"))
     inputs = files_digest(*io.pairs, io.init_dir / "model.pt", io.tokenizer_dir)
     train_reward_model(io.pairs, io.init_dir, io.tokenizer_dir, cfg, p.seed, d, io.scratch_dir, io.out_dir, io.metrics,
                        fingerprint=f"task_rm|{p.digest()}|{inputs}")

@@ -9,7 +9,7 @@ from speedrun.data import task
 from speedrun.eval.task_track import sample_answers, summary
 from speedrun.stage import run_stage
 from speedrun.train import data, distributed
-from speedrun.train.checkpoint import load_model, save_model
+from speedrun.train.checkpoint import context_length, load_model, save_model
 from speedrun.train.loop import train
 from speedrun.train.outputs import throughput, write_logs
 
@@ -21,7 +21,7 @@ PATHS = {"init_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer", "items": "da
 def main(p, io) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.task_sft")
     d = distributed.setup(pick_device(p.compute.device))
-    c = p.task.sft
+    c = dataclasses.replace(p.task.sft, max_len=context_length(p.task.sft.max_len, io.init_dir, key="task.sft.max_len"))
     tok = tokenizer_lib.load(io.tokenizer_dir)
     items = task.load_items(io.items)
     convs = {s: task.conversations(items, s, c.per_item, p.seed) for s in ("train", "val")}

@@ -1,4 +1,5 @@
-"""Stage tokenizer: train a byte-level BPE on the corpus train split, report chars/token on val."""
+"""Stage tokenizer: train a byte-level BPE on the corpus train split, pack both splits into token files once (what
+pretrain and the adversarial stages read), report chars/token on val."""
 import time
 
 import pandas as pd
@@ -6,9 +7,11 @@ import pandas as pd
 from speedrun import tokenizer as tok
 from speedrun.common import write_json
 from speedrun.stage import run_stage
+from speedrun.train.data import write_tokens
 
 READS = ("tokenizer",)
-PATHS = {"corpus_dir": "data/corpus", "out_dir": "outs/tokenizer", "metrics": "reports/metrics/tokenizer.json"}
+PATHS = {"corpus_dir": "data/corpus", "out_dir": "outs/tokenizer", "tokens_dir": "data/tokens",
+         "metrics": "reports/metrics/tokenizer.json"}
 
 
 def main(p, io) -> None:
@@ -28,13 +31,18 @@ def main(p, io) -> None:
     seconds = time.perf_counter() - t0
     tok.save(enc, io.out_dir)
     t = tok.load(io.out_dir)
-    n_tokens = sum(len(ids) for ids in t.encode_batch(val_texts))
+    t0 = time.perf_counter()
+    counts = {s: write_tokens(io.tokens_dir / f"{s}.bin", texts, t) for s, texts in (("train", train_texts),
+                                                                                      ("val", val_texts))}
+    write_json(io.tokens_dir / "meta.json", {"tokenizer": t.digest, "dtype": "int32", "tokens": counts})
+    n_tokens = counts["val"] - len(val_texts)  # each document's <|bos|> is not text
     n_chars = sum(len(s) for s in val_texts)
     m = {"vocab_size": t.vocab_size, "val_chars_per_token": round(n_chars / max(n_tokens, 1), 4),
-         "train_seconds": round(seconds, 2)}
+         "train_seconds": round(seconds, 2), "tokens": counts, "pack_seconds": round(time.perf_counter() - t0, 2)}
     write_json(io.metrics, m)
     print(f"tokenizer: vocab {m['vocab_size']}, {m['val_chars_per_token']:.2f} chars/token on val, "
-          f"trained in {seconds:.1f}s")
+          f"trained in {seconds:.1f}s; {counts['train']:,} train / {counts['val']:,} val tokens packed in "
+          f"{io.tokens_dir}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from speedrun.common import files_digest, pick_device, use_bf16
 from speedrun.reward.train_rm import train_reward_model
 from speedrun.stage import run_stage
 from speedrun.train import distributed
+from speedrun.train.checkpoint import context_length
 
 READS = ("seed", "compute", "rm")
 PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"], "init_dir": "outs/sft",
@@ -16,8 +17,8 @@ PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"],
 def main(p, io) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.train_rm")
     d = distributed.setup(pick_device(p.compute.device))
-    cfg = dataclasses.replace(p.rm, bf16=use_bf16(p.compute.dtype, d.device),
-                              compile=p.compute.compile, monitor="val_loss")
+    cfg = dataclasses.replace(p.rm, bf16=use_bf16(p.compute.dtype, d.device), compile=p.compute.compile,
+                              monitor="val_loss", max_len=context_length(p.rm.max_len, io.init_dir, key="rm.max_len"))
     inputs = files_digest(*io.pairs, io.init_dir / "model.pt", io.tokenizer_dir)
     train_reward_model(io.pairs, io.init_dir, io.tokenizer_dir, cfg, p.seed, d, io.scratch_dir, io.out_dir, io.metrics,
                        fingerprint=f"rm|{p.digest()}|{inputs}")

@@ -104,7 +104,20 @@ def tiny_corpus(tmp_path_factory) -> Path:
     for split, df in frames.items():
         write_parquet(root / "corpus" / f"{split}.parquet", df)
     tok.save(tok.train(iter(frames["train"]["text"].tolist()), 320), root / "tokenizer")
+    pack_splits(root / "corpus", root / "tokenizer", root / "tokens")
     return root
+
+
+def pack_splits(corpus_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
+    """data/tokens as the tokenizer stage writes it: both splits packed, meta.json naming the tokenizer."""
+    import pandas as pd
+    from speedrun import tokenizer as tok
+    from speedrun.common import write_json
+    from speedrun.train.data import write_tokens
+    t = tok.load(tokenizer_dir)
+    counts = {s: write_tokens(tokens_dir / f"{s}.bin", pd.read_parquet(corpus_dir / f"{s}.parquet")["text"].tolist(), t)
+              for s in ("train", "val")}
+    write_json(tokens_dir / "meta.json", {"tokenizer": t.digest, "dtype": "int32", "tokens": counts})
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,7 @@ def tiny_gpt(vocab: int, depth: int = 2, seed: int = 0) -> GPT:
 @pytest.fixture(scope="module")
 def split_windows(tiny_corpus):
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
-    wins = {s: adv.corpus_windows(pd.read_parquet(tiny_corpus / "corpus" / f"{s}.parquet")["text"].tolist(), tok, N)
-            for s in ("train", "val")}
+    wins = {s: adv.corpus_windows(tiny_corpus / "tokens" / f"{s}.bin", tok.digest, N) for s in ("train", "val")}
     return tok, wins
 
 
@@ -164,7 +163,7 @@ def test_stages_end_to_end_and_deterministic(tiny_corpus, tmp_path):
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
     policy = tiny_gpt(tok.vocab_size, 1)
     save_model(tmp_path / "p0", policy.state_dict(), policy.config, {"tokenizer": tok.digest})
-    common = ["--corpus-dir", str(tiny_corpus / "corpus"), "--tokenizer-dir", str(tiny_corpus / "tokenizer"),
+    common = ["--tokens-dir", str(tiny_corpus / "tokens"), "--tokenizer-dir", str(tiny_corpus / "tokenizer"),
               "-S", f"adversarial.seq_len={N}", "-S", "compute.device=cpu",
               "-S", "adversarial.cycles=" + json.dumps({"1": {"prev": 0, "init": str(tmp_path / "p0")}})]
     for out in ("a", "b"):

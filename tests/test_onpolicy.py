@@ -162,7 +162,7 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
         require_reward_signal(disc.head[-1].weight, None, "disc0")
     save_discriminator(tmp_path / "disc0", disc, {"tokenizer": tok.digest})
     proc = subprocess.run([sys.executable, "-m", "stages.adv_grpo", "--cycle", "1", "--init-dir", str(root / "sft"),
-                           "--disc-dir", str(tmp_path / "disc0"), "--corpus-dir", str(tiny_corpus / "corpus"),
+                           "--disc-dir", str(tmp_path / "disc0"), "--tokens-dir", str(tiny_corpus / "tokens"),
                            "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "-S", "adversarial.seq_len=16",
                            "-S", "adversarial.grpo.steps=1", "--out-dir", str(tmp_path / "adv")], cwd=REPO,
                           capture_output=True, text=True)

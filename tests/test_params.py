@@ -146,7 +146,7 @@ def test_a_stage_cannot_read_a_key_it_does_not_declare():
 def test_help_lists_every_key_the_stage_reads_with_its_value():
     out = subprocess.run([sys.executable, "-m", "stages.grpo", "--help"], cwd=REPO, capture_output=True,
                          text=True).stdout
-    for key in ("beta = 0.04", "grpo.train.top_k = 0", "grpo.train.max_prompt_len = 128", "grpo.density.k = 50",
+    for key in ("beta = 0.04", "grpo.train.top_k = 0", "grpo.train.max_prompt_len = 0", "grpo.density.k = 50",
                 "compute.dtype = 'auto'"):
         assert key in out, key
     assert "-S KEY=VALUE" in out

@@ -149,7 +149,11 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert set(task_result["frontier_gap"]["checker"]) >= {"gap", "ci_low", "ci_high", "collapsed"}
     density = task_result["comparisons"]["density:checker"]  # the default density-against-uniform comparison
     assert {"value", "ci_low", "ci_high", "p_holm", "mde"} <= set(density["gap"]) and "verdict" in density["pass@1"]
-    assert "Manipulation check" in (repo / "reports/task.md").read_text()
+    task_md = (repo / "reports/task.md").read_text()
+    assert "Manipulation check" in task_md and "## Semantic diversity (a sentence encoder)" in task_md
+    sem = task_result["semantic"]  # every model's, with the temperature control the report reads first
+    assert set(sem["sft"]) == {"0.5", "1.0"} and set(sem["arms"]) == set(task_result["arms"])
+    assert set(sem["control"]) == {"rho", "bar", "passed"} and 0 <= sem["sft"]["1.0"]["all"] <= 2
     adversarial = json.loads((repo / "reports/metrics/adversarial.json").read_text())
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()

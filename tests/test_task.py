@@ -9,7 +9,8 @@ from speedrun.data import gold
 from speedrun.data.docstrings import heldout_split, load_objects
 from speedrun.eval import diversity as dv
 from speedrun.eval.compare import evaluate
-from speedrun.eval.controls import spearman, temperature_ordering
+from speedrun.eval.controls import temperature_ordering
+from speedrun.eval.stats import spearman
 from speedrun.eval.task import compare_task, per_item, task_section
 from speedrun.eval.sampling import PROMPT_GAIN, prompt_gain, prompt_gain_summary, swapped_prompt_rows
 from speedrun.probe import copy_probe

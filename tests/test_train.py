@@ -15,7 +15,7 @@ from speedrun.train.data import StepSampler, pad_conversations, sft_batch_fn
 
 
 def pretrain_args(root, out, *extra):
-    return ["--corpus-dir", str(root / "corpus"), "--tokenizer-dir", str(root / "tokenizer"), *sets(
+    return ["--tokens-dir", str(root / "tokens"), "--tokenizer-dir", str(root / "tokenizer"), *sets(
             "model.depth=1", "model.head_dim=32", "model.seq_len=32", "pretrain.batch_size=4",
             "pretrain.warmup_steps=2", "pretrain.eval_windows=4", "pretrain.patience=0"),
             "--out-dir", str(out / "model"),
@@ -106,6 +106,32 @@ def test_ddp_two_processes_match_one(tiny_corpus, tmp_path, dtype):
     atol = 1e-5 if dtype == "fp32" else 1e-2
     for k in a:
         assert torch.allclose(a[k], b[k], atol=atol), (k, (a[k] - b[k]).abs().max())
+
+
+def test_resume_file_holds_no_copy_of_the_best_weights(tmp_path):
+    """The best-by-eval weights stay out of the resume file: nothing more when they are the model's, else one
+    best_<step>.pt written once per new best; loading restores them either way, and clearing leaves nothing."""
+    from speedrun.train.checkpoint import clear_resume, load_resume, save_resume
+    path = tmp_path / "scratch/resume.pt"
+    w = {str(s): {"w": torch.full((3,), float(s))} for s in range(4, 17, 4)}
+    state = lambda step: {"fingerprint": "f", "model": w[str(step)], "step": step}  # noqa: E731
+    assert save_resume(path, state(8), w["8"], 8, None) is None  # saved at the eval that chose it
+    assert sorted(f.name for f in path.parent.iterdir()) == ["resume.pt"] and "best_state" not in torch.load(path)
+    assert torch.equal(load_resume(path, "f")["best_state"]["w"], w["8"]["w"])
+    assert save_resume(path, state(12), w["8"], 8, None) == 8
+    best = path.with_name("best_8.pt")
+    stamp = best.stat().st_mtime_ns
+    assert save_resume(path, state(16), w["8"], 8, 8) == 8 and best.stat().st_mtime_ns == stamp  # written once
+    got = load_resume(path, "f")
+    assert got["step"] == 16 and torch.equal(got["best_state"]["w"], w["8"]["w"])
+    assert torch.equal(got["model"]["w"], w["16"]["w"]) and load_resume(path, "other settings") is None
+    assert save_resume(path, state(16), w["16"], 16, 8) is None and not best.exists()  # a new best: the old one goes
+    save_resume(path, state(16), w["12"], 12, None)
+    path.with_name("best_12.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="best_12.pt, which is missing"):
+        load_resume(path, "f")
+    clear_resume(path)
+    assert list(path.parent.iterdir()) == []
 
 
 def test_a_changed_setting_never_resumes_the_old_run(tiny_corpus, tmp_path):
@@ -211,14 +237,41 @@ def test_compiled_training_is_byte_identical_across_runs_and_close_to_eager(tiny
         assert torch.allclose(a[k], b[k], atol=1e-5), (k, (a[k] - b[k]).abs().max())
 
 
-def test_pack_documents_is_the_bos_separated_stream_whatever_the_chunk(tiny_corpus):
+def test_token_files_hold_the_bos_separated_stream_whatever_the_chunk(tiny_corpus, tmp_path):
     import pandas as pd
 
     from speedrun import tokenizer as tokenizer_lib
-    from speedrun.train.data import pack_documents
+    from speedrun.common import write_json
+    from speedrun.train.data import read_tokens, windows, write_tokens
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
     texts = pd.read_parquet(tiny_corpus / "corpus/train.parquet")["text"].tolist()[:50]
     want = [t for doc in tok.encode_batch(texts) for t in [tok.bos_id, *doc]]
-    got = pack_documents(texts, tok)
+    write_json(tmp_path / "meta.json", {"tokenizer": tok.digest})
+    assert write_tokens(tmp_path / "a.bin", texts, tok) == len(want)
+    got = read_tokens(tmp_path / "a.bin", tok.digest)
     assert got.dtype == torch.int32 and got.tolist() == want
-    assert torch.equal(pack_documents(texts, tok, chunk_docs=3), got) and pack_documents([], tok).numel() == 0
+    write_tokens(tmp_path / "b.bin", texts, tok, chunk_docs=3)
+    assert (tmp_path / "b.bin").read_bytes() == (tmp_path / "a.bin").read_bytes()
+    write_tokens(tmp_path / "empty.bin", [], tok)
+    assert read_tokens(tmp_path / "empty.bin", tok.digest).numel() == 0
+    # windows are a view of the stream: row i is tokens [i * T, (i + 1) * T], one token shared with the next row
+    win = windows(got, 16)
+    assert win.shape == ((len(want) - 1) // 16, 17) and win[3].tolist() == want[48:65]
+    # a file packed by another tokenizer, or cut mid-token, is refused with its path
+    with pytest.raises(ValueError, match="a.bin: packed by tokenizer .* not by the one loaded"):
+        read_tokens(tmp_path / "a.bin", "another")
+    (tmp_path / "cut.bin").write_bytes((tmp_path / "a.bin").read_bytes()[:-2])
+    with pytest.raises(ValueError, match="cut.bin: .* not a whole number of int32 tokens"):
+        read_tokens(tmp_path / "cut.bin", tok.digest)
+
+
+def test_post_training_lengths_follow_the_model_context_unless_set(tmp_path):
+    from speedrun.model import GPT, GPTConfig
+    from speedrun.train.checkpoint import context_length, save_model
+    model = GPT(GPTConfig(vocab_size=64, depth=1, n_embd=32, head_dim=16, seq_len=1024))
+    save_model(tmp_path, model.state_dict(), model.config, {})
+    assert context_length(0, tmp_path, key="sft.max_len") == 1024
+    assert context_length(0, tmp_path, 48, "grpo.train.max_prompt_len") == 976  # room for the completion
+    assert context_length(128, tmp_path, 48) == 128  # a value set is kept
+    with pytest.raises(ValueError, match="eval.max_prompt_len 0: the model's context .1024 tokens.* leaves 0: set"):
+        context_length(0, tmp_path, 1024, "eval.max_prompt_len")

@@ -111,7 +111,7 @@ class SFTConfig(TrainConfig):
     hf_shuffle_buffer: int = knob("hf: the train split is read through datasets' streaming shuffle, shards in an "
                                   "order drawn from the top-level seed and rows through a buffer of this many (0 = "
                                   "file order)", ge=0)
-    max_len: int = knob("conversations are cut to this many tokens", ge=2)
+    max_len: int = knob("conversations are cut to this many tokens (0 = the model's context)", ge=0)
     batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
     micro_tokens: int = knob("re-cut micro-batches by length to at most this many padded tokens (0 = off)", ge=0)
@@ -152,7 +152,8 @@ class OnpolicyConfig:
     max_new_tokens: int = knob("completion token budget", ge=1)
     temperature: float = knob("sampling temperature", gt=0)
     top_p: float = knob("nucleus sampling mass (1 = off)", gt=0, le=1)
-    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens (as GRPO cuts it)", ge=3)
+    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens, as GRPO cuts it (0 = the "
+                               "model's context less max_new_tokens)", ge=0)
     batch_prompts: int = knob("prompts per engine call (K rows each)", ge=1)
 
 
@@ -165,7 +166,7 @@ class RMConfig(TrainConfig):
                                          "response")
     train_last_blocks: int = knob("trunk blocks trained with the head, from the top (0 = head only)", ge=0)
     max_len: int = knob("prompt + response tokens (a longer prompt is cut to its header and end, leaving 16 to "
-                        "the response)", ge=19)
+                        "the response; 0 = the model's context)", ge=0)
     batch_size: int = knob("pairs per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("pairs per forward per process (0 = the whole share)", ge=0)
     micro_tokens: int = knob("re-cut micro-batches by length to at most this many padded tokens (0 = off)", ge=0)
@@ -211,7 +212,8 @@ class PromptGRPOConfig(GRPOConfig):
     """A GRPO run of the preference track (stage grpo)."""
     temperature: float = knob("sampling temperature", gt=0)
     max_new_tokens: int = knob("completion token budget", ge=1)
-    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens", ge=3)
+    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens (0 = the model's context "
+                               "less max_new_tokens)", ge=0)
     truncated: Literal["keep", "mask"] = knob("completions that hit max_new_tokens without the stop token: keep (in "
                                               "the loss) | mask (out of the loss, still in their group's advantages)")
     pool: int = knob("train prompts GRPO draws from: a fixed random subset of this many, the same for every arm "
@@ -277,7 +279,8 @@ class EvalConfig:
     reward_keep: float = knob("reward non-inferiority: a keeps at least this share of b's reward gain over SFT "
                               "(margin = (1 - keep) x b's gain, on the 95% interval)", ge=0, le=1)
     max_prompts: int = knob("held-out prompts used, the first N by prompt_id (0 = all)", ge=0)
-    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens", ge=3)
+    max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens (0 = the model's context "
+                               "less max_new_tokens)", ge=0)
     samples_per_prompt: int = knob("completions per prompt and sampling seed", ge=1)
     seeds: int = knob("sampling seeds", ge=1)
     max_new_tokens: int = knob("completion token budget", ge=1)

@@ -12,7 +12,7 @@ from speedrun.config import DensityConfig, GRPOConfig, PromptGRPOConfig, RMConfi
 class TaskSFTConfig(TrainConfig):
     """The task stage after chat SFT (nanochat's midtraining): the chat model learns the checkable task."""
     per_item: int = knob("conversations per train item (a random template, right answer and phrasing each)", ge=1)
-    max_len: int = knob("conversations are cut to this many tokens", ge=2)
+    max_len: int = knob("conversations are cut to this many tokens (0 = the model's context)", ge=0)
     batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
     eval_convs: int = knob("val conversations per evaluation", ge=1)

@@ -8,6 +8,8 @@ from the train split and val windows from the val split, so no natural text is s
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import torch
@@ -17,15 +19,15 @@ from tqdm import tqdm
 from speedrun.common import stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
-from speedrun.tokenizer import Tokenizer
-from speedrun.train.data import pack_documents, windows
+from speedrun.train.data import read_tokens, windows
 
 COLUMNS = ["window", "K", "pure", "tokens", "labels"]
 
 
-def corpus_windows(texts: list[str], tok: Tokenizer, n: int) -> Tensor:
-    """[W, n + 1] non-overlapping windows of the packed texts: a context token, then the n sample tokens."""
-    return windows(pack_documents(texts, tok), n)
+def corpus_windows(path: str | Path, tokenizer_digest: str, n: int) -> Tensor:
+    """[W, n + 1] non-overlapping windows of a packed split (the tokenizer stage's data/tokens/<split>.bin):
+    a context token, then the n sample tokens (int32, a view of the memory map)."""
+    return windows(read_tokens(path, tokenizer_digest), n)
 
 
 def pick_windows(n_windows: int, rows: int, seed: int, *salt: object) -> Tensor:

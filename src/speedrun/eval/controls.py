@@ -8,23 +8,15 @@ import numpy as np
 import pandas as pd
 
 from speedrun.eval import stats
+from speedrun.eval.stats import MIN_RHO, spearman
 from speedrun.eval.compare import METRIC_BY_NAME, evaluate
 
-MIN_RHO = 0.9
 # the manipulation check's bar (issue 26): the weights move the module mix by TV >= MIN_GROUP_TV, and the realised
 # draws differ between arms more than MIN_ARM_RATIO x between seeds of one arm
 MIN_GROUP_TV, MIN_ARM_RATIO = 0.3, 2.0
 # a run's few hundred draws cannot resolve ~170 modules (seed noise alone moves the drawn module mix by TV ~0.3),
 # so the realised mix is also compared over this many crowding bins: modules by size, equal prompt counts per bin
 CROWDING_BINS = 5
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rho (average ranks for ties); 0 when either side is constant."""
-    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
-    if rx.std() == 0 or ry.std() == 0:
-        return 0.0
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def temperature_ordering(samples: pd.DataFrame, temperatures: dict[str, float], metrics: list[str],

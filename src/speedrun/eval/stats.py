@@ -37,6 +37,7 @@ import math
 from itertools import combinations
 
 import numpy as np
+import pandas as pd
 
 ALPHA = 0.05
 MAX_RUNS = 64  # the most runs per variant a power analysis considers
@@ -211,3 +212,15 @@ def runs_needed(between_var: float, prompt_var: float, runs: int, target: float,
                 max_runs: int = MAX_RUNS) -> int | None:
     """The fewest runs per variant whose MDE is at most `target` (None: not within max_runs)."""
     return next((r for r in range(2, max_runs + 1) if mde(between_var, prompt_var, runs, r, m) <= target), None)
+
+
+# the temperature control's bar: a diversity metric must order the SFT model's temperatures this well to be read
+MIN_RHO = 0.9
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rho (average ranks for ties); 0 when either side is constant."""
+    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
+    if rx.std() == 0 or ry.std() == 0:
+        return 0.0
+    return float(np.corrcoef(rx, ry)[0, 1])

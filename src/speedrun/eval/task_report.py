@@ -131,6 +131,30 @@ def _row(name: str, s: dict, ks: list[str]) -> str:
             f"{a['top_phrasing_share']:.2f} |")
 
 
+def semantic_section(r: dict) -> list[str]:
+    """Semantic diversity of the answers (a sentence encoder), shown only where it orders the temperature control."""
+    s = r.get("semantic")
+    if not s:
+        return []
+    c = s["control"]
+    lines = ["", "## Semantic diversity (a sentence encoder)", ""]
+    if not c["passed"]:
+        return lines + [f"all-MiniLM-L6-v2's mean pairwise cosine distance between an item's answers does not order "
+                        f"the task SFT model's temperatures (Spearman {c['rho']:+.2f}, bar {c['bar']:g}): not shown."]
+    lines += [f"Mean pairwise cosine distance between an item's answers, embedded by all-MiniLM-L6-v2 (mean over "
+              f"items): it orders the task SFT model's temperatures (Spearman {c['rho']:+.2f}, bar {c['bar']:g}). "
+              "It reads the wording and the value together: lower = answers that say the same thing.", "",
+              "| model | all | " + " | ".join(r["clusters"]) + " |", "|---|" + "---:|" * (len(r["clusters"]) + 1)]
+    rows = [(f"task SFT, T={t}", v) for t, v in s["sft"].items()]
+    for arm, a in s["arms"].items():
+        per_seed = ", ".join(f"{x['all']:.3f}" for x in a["runs"])
+        rows.append((f"{arm} (mean of {len(a['runs'])} seeds; per seed {per_seed})", a["mean"]))
+    for name, v in rows:
+        lines.append(f"| {name} | {v['all']:.3f} | " + " | ".join(f"{v[k]:.3f}" if k in v else "—"
+                                                                  for k in r["clusters"]) + " |")
+    return lines
+
+
 def report(r: dict) -> str:
     """The markdown: what the task is, the frontier check, the manipulation check, then per-cluster tables."""
     ks = [k for k in r["sft"][next(iter(r["sft"]))]["all"] if k.startswith("pass@")]
@@ -169,6 +193,7 @@ def report(r: dict) -> str:
                   "temperatures to task.eval.temperatures to reach them): " + "; ".join(
                       f"{a} ({', '.join(f'{x:.3f}' for x in v)})" for a, v in outside.items()) + "."]
     lines += ["", collapse_verdict(r["frontier_gap"])]
+    lines += semantic_section(r)
     lines += comparison_section(r)
     lines += ["", "## Manipulation check (density from the prompt text only)", ""]
     for arm, m in r["manipulation"].items():

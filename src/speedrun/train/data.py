@@ -3,33 +3,59 @@ perm_epoch[g % n] with a permutation seeded by (seed, epoch). Resume and DDP sha
 from __future__ import annotations
 
 import math
+import os
 from functools import lru_cache
+from pathlib import Path
 
+import numpy as np
 import torch
 
-from speedrun.common import stable_seed
+from speedrun.common import atomic_write, read_json, stable_seed
 from speedrun.tokenizer import Tokenizer
 
 
-def pack_documents(texts: list[str], tok: Tokenizer, chunk_docs: int = 1024) -> torch.Tensor:
-    """One long stream: <|bos|> doc <|bos|> doc ... (int32), encoded chunk_docs documents at a time: the corpus's
-    tokens never sit in one Python list (about 45 bytes per int there, 4 in the tensor)."""
-    bos = torch.tensor([tok.bos_id], dtype=torch.int32)
-    parts = [torch.zeros(0, dtype=torch.int32)]
-    for i in range(0, len(texts), chunk_docs):
-        for doc in tok.encode_batch(texts[i:i + chunk_docs]):
-            parts += [bos, torch.tensor(doc, dtype=torch.int32)]
-    return torch.cat(parts)
+def write_tokens(path: str | Path, texts: list[str], tok: Tokenizer, chunk_docs: int = 1024) -> int:
+    """The packed corpus split: one stream <|bos|> doc <|bos|> doc ... of int32, written to a raw file chunk_docs
+    documents at a time (memory holds one chunk, whatever the corpus size), atomically. Returns its token count."""
+    count = 0
+
+    def write(tmp: str) -> None:
+        nonlocal count
+        with open(tmp, "wb") as f:
+            for i in range(0, len(texts), chunk_docs):
+                for doc in tok.encode_batch(texts[i:i + chunk_docs]):
+                    a = np.asarray([tok.bos_id, *doc], dtype=np.int32)
+                    f.write(a.tobytes())
+                    count += len(a)
+    atomic_write(path, write)
+    return count
+
+
+def read_tokens(path: str | Path, tokenizer_digest: str) -> torch.Tensor:
+    """A packed split (write_tokens) as an int32 tensor over a copy-on-write memory map: pages load when indexed and
+    every process reading the file shares them (the ranks of pretrain, the adversarial stages). The folder's
+    meta.json must name the tokenizer the caller holds: ids of another vocabulary would train silently."""
+    meta = Path(path).parent / "meta.json"
+    made_by = read_json(meta).get("tokenizer") if meta.is_file() else None
+    if made_by != tokenizer_digest:
+        raise ValueError(f"{path}: packed by tokenizer {made_by} ({meta}), not by the one loaded ({tokenizer_digest}): "
+                         "rerun the tokenizer stage")
+    size = os.path.getsize(path)
+    if size % 4:
+        raise ValueError(f"{path}: {size} bytes is not a whole number of int32 tokens (a truncated file?)")
+    if size == 0:
+        return torch.zeros(0, dtype=torch.int32)
+    return torch.from_numpy(np.memmap(path, dtype=np.int32, mode="c"))
 
 
 def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Non-overlapping [n, seq_len + 1] windows (input and shifted target share one window)."""
+    """Non-overlapping [n, seq_len + 1] windows (input and shifted target share one window), a view of the stream:
+    indexing rows copies only them (callers take .long() of what they index)."""
     n = (len(stream) - 1) // seq_len
     if n < 1:
         raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {seq_len + 1}")
     # window i is tokens [i*seq_len, (i+1)*seq_len]: one token shared with the next window, as its first input
-    idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
-    return stream[idx].long()
+    return stream.as_strided((n, seq_len + 1), (seq_len, 1))
 
 
 class StepSampler:
@@ -61,7 +87,7 @@ def lm_batch_fn(win: torch.Tensor, sampler: StepSampler):
     def batch_fn(step: int, rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
         for ids in sampler.items(step, rank, world):
-            w = win[ids]
+            w = win[ids].long()
             out.append((w[:, :-1], w[:, 1:]))
         return out
     return batch_fn
@@ -119,7 +145,7 @@ def bits_per_byte(model: torch.nn.Module, win: torch.Tensor, tbytes: torch.Tenso
     """Cross-entropy in bits per UTF-8 byte of the targets: comparable across tokenizers."""
     nats, nbytes = 0.0, 0
     for i in range(0, len(win), batch_size):
-        w = win[i:i + batch_size].to(device)
+        w = win[i:i + batch_size].long().to(device)
         loss = model(w[:, :-1], w[:, 1:], reduction="none").float()
         b = tbytes.to(device)[w[:, 1:]]
         nats += float((loss * (b > 0)).sum())  # special tokens (0 bytes) are not text: their loss does not count

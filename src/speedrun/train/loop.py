@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from speedrun.common import check_finite, stable_hash
 from speedrun.config import TrainConfig
 from speedrun.progress import Progress
-from speedrun.train.checkpoint import load_resume, save_resume
+from speedrun.train.checkpoint import clear_resume, load_resume, save_resume
 from speedrun.train.distributed import Dist, all_reduce_sum
 
 # (step, rank, world) -> this rank's micro-batches [(inputs, targets)], targets -1 where ignored
@@ -120,6 +120,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
     ddp_model = DDP(model) if d.world > 1 else model
     step_model = compile_deterministic(ddp_model) if cfg.compile else ddp_model  # the eval runs the plain module
     start, log, evals, best, best_seen, best_state, bad_evals, tokens = 0, [], [], math.inf, math.inf, None, 0, 0
+    best_step, written = None, None  # the step of best_state; the best step whose weights scratch holds apart
     resume_path = Path(scratch) / "resume.pt" if scratch else None
     state = load_resume(resume_path, fingerprint) if resume_path else None
     if state is not None:
@@ -128,12 +129,13 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         start, log, evals, best, best_seen, bad_evals, tokens = (
             state["step"], state["log"], state["evals"], state["best"], state["best_seen"], state["bad_evals"],
             state["tokens"])
-        best_state = state["best_state"]
+        best_state, best_step = state["best_state"], state["best_step"]
+        written = best_step if best_step not in (None, start) else None
         if d.is_main:
             print(f"{name}: resumed from {resume_path} at step {start}")
 
     def run_eval(step: int) -> bool:
-        nonlocal best, best_seen, best_state, bad_evals
+        nonlocal best, best_seen, best_state, best_step, bad_evals
         model.eval()
         with torch.no_grad(), autocast(d.device, cfg.bf16):
             metrics = eval_fn(model)
@@ -148,7 +150,7 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         bad_evals = 0 if value < best_seen - cfg.min_delta else bad_evals + 1
         best_seen = min(best_seen, value)
         if step > 0 and value < best:
-            best, best_state = value, copy.deepcopy(model.state_dict())
+            best, best_state, best_step = value, copy.deepcopy(model.state_dict()), step
         return cfg.patience > 0 and bad_evals >= cfg.patience
 
     model.train()
@@ -190,14 +192,14 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         if step % cfg.eval_every == 0 or step == cfg.steps:
             stopped = run_eval(step)
         if resume_path and cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps and d.is_main:
-            save_resume(resume_path, {"fingerprint": fingerprint, "model": model.state_dict(),
-                                      "optimizer": optimizer.state_dict(), "step": step, "log": log, "evals": evals,
-                                      "best": best, "best_seen": best_seen, "best_state": best_state,
-                                      "bad_evals": bad_evals,
-                                      "tokens": tokens})
+            written = save_resume(resume_path, {"fingerprint": fingerprint, "model": model.state_dict(),
+                                                "optimizer": optimizer.state_dict(), "step": step, "log": log,
+                                                "evals": evals, "best": best, "best_seen": best_seen,
+                                                "bad_evals": bad_evals, "tokens": tokens},
+                                  best_state, best_step, written)
     bar.close()
-    if resume_path and d.is_main and resume_path.exists():
-        resume_path.unlink()  # finished: a later run with other settings must not pick it up
+    if resume_path and d.is_main:
+        clear_resume(resume_path)
     trained = [e for e in evals if e["step"] > 0]
     if not trained:  # no step taken (steps 0): the model as it came
         return TrainResult(copy.deepcopy(model.state_dict()), evals[0] if evals else {}, step, stopped, tokens,
