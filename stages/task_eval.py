@@ -4,7 +4,8 @@ temperature); per model and cluster: pass@1, pass@k, coverage, right-answer entr
 answers' semantic diversity (a sentence encoder, shown where it orders the SFT model's temperatures). Then:
 does an arm lie below the SFT model's temperature frontier (collapse, not sharpening)? Did the density arm move the
 cluster mix (the manipulation check)? Each task.eval.comparisons pair (density against uniform): Δ coverage beyond
-the frontier, pass@1 non-inferiority, the MDE and the seeds it would need.
+the frontier, pass@1 non-inferiority, the MDE and the seeds it would need. With compute.nproc > 1 the models are
+shared over that many processes (torchrun), with the same output as one.
 -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
 import pandas as pd
 
@@ -17,9 +18,10 @@ from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import frontier_gaps, sample_answers, summary
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
+from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model
 
-READS = ("seed", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
+READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
          "task.train.temperature", "task.eval")
 PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
          "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo",
@@ -29,19 +31,28 @@ PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", 
 
 def main(p, io) -> None:
     c = p.task.eval
-    dev = pick_device(p.compute.device)
-    use_shapes(p.compute.width_step, dev)
+    distributed.maybe_relaunch(p.compute.nproc, "stages.task_eval")
+    d = distributed.setup(pick_device(p.compute.device))
+    use_shapes(p.compute.width_step, d.device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     items = [i for i in task.load_items(io.items) if i.split == "eval"]
     k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
 
-    def answers(name: str, ckpt, temperature: float) -> pd.DataFrame:
-        model, _ = load_model(ckpt, dev, tok.digest)
-        return sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, dev)
+    def answers(job: tuple) -> pd.DataFrame:
+        name, ckpt, temperature = job
+        model, _ = load_model(ckpt, d.device, tok.digest)
+        return sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, d.device)
 
-    sft = {t: answers("task_sft", io.sft_dir, t) for t in c.temperatures}
-    runs = {arm: [answers(f"{arm}_s{s}", io.runs_dir / f"{arm}_s{s}", p.task.train.temperature)
-                  for s in p.task.seeds] for arm in p.task.run}
+    jobs = [("task_sft", io.sft_dir, t) for t in c.temperatures]
+    jobs += [(f"{arm}_s{s}", io.runs_dir / f"{arm}_s{s}", p.task.train.temperature)
+             for arm in p.task.run for s in p.task.seeds]
+    done = iter(distributed.map_jobs(answers, jobs, d))  # each model on one rank; rank 0 goes on alone
+    distributed.teardown()
+    if not d.is_main:
+        return
+    dev = d.device
+    sft = {t: next(done) for t in c.temperatures}
+    runs = {arm: [next(done) for _ in p.task.seeds] for arm in p.task.run}
     result = {"items": len(items), "clusters": task.cluster_sizes(items, "eval"), "samples": c.samples,
               "arm_temperature": p.task.train.temperature,
               "sft": {str(t): summary(a, k_values) for t, a in sft.items()},

@@ -65,7 +65,8 @@ def git(repo: Path, *args: str) -> None:
 
 
 def dvc(repo: Path, *args: str) -> str:
-    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1",
+    # one thread per stage, as run_module's stages and torchrun's ranks have: their outputs compare byte for byte
+    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1",
                GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t",
                PYTHONPATH=str(repo / "src"))
     res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True)

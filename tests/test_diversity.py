@@ -140,18 +140,23 @@ def test_vendi_counts_effectively_distinct_items():
     assert 1.0 < vendi(np.array([[1.0, 0.0], [1.0, 0.3]])) < 2.0
 
 
-def test_vendi_within_prompt_in_the_evaluation():
+def test_vendi_and_sentence_distance_within_prompt_in_the_evaluation():
     """With an embedding per response the evaluation scores each prompt's responses (Vendi within prompt): a model
-    whose responses share one vector scores 1, one whose responses point apart scores the prompt's sample count."""
+    whose responses share one vector scores 1, one whose responses point apart scores the prompt's sample count. With
+    a sentence encoder's unit vector per response, the mean pairwise cosine distance: 0 alike, 1 orthogonal."""
     from speedrun.eval.compare import evaluate
     rows = [dict(model=m, prompt_id=f"p{p}", seed=0, sample_idx=j, text=f"text {p} {j}", reward=0.0,
-                 embedding=np.ones(4) if m == "same" else np.eye(4)[j]) for m in ("same", "apart")
-            for p in range(3) for j in range(4)]
+                 embedding=np.ones(4) if m == "same" else np.eye(4)[j],
+                 sentence_embedding=np.ones(4) / 2 if m == "same" else np.eye(4)[j])
+            for m in ("same", "apart") for p in range(3) for j in range(4)]
     res = evaluate(pd.DataFrame(rows), {"same": ["same"], "apart": ["apart"]}, reference=None, n_boot=5)
     assert res["values"]["same"]["within_vendi"] == pytest.approx(1.0)
     assert res["values"]["apart"]["within_vendi"] == pytest.approx(4.0)
-    plain = evaluate(pd.DataFrame(rows).drop(columns="embedding"), {"same": ["same"]}, [], reference=None, n_boot=5)
-    assert "within_vendi" not in plain["values"]["same"]  # no embeddings, no score
+    assert res["values"]["same"]["within_semantic"] == pytest.approx(0.0)
+    assert res["values"]["apart"]["within_semantic"] == pytest.approx(1.0)
+    plain = evaluate(pd.DataFrame(rows).drop(columns=["embedding", "sentence_embedding"]), {"same": ["same"]}, [],
+                     reference=None, n_boot=5)
+    assert not {"within_vendi", "within_semantic"} & set(plain["values"]["same"])  # no embeddings, no score
 
 
 def test_ngram_vocab_equals_counting_tuples_in_sets(monkeypatch):

@@ -32,8 +32,10 @@ def onpolicy_out(tiny_corpus, rm_inputs, tmp_path_factory):  # noqa: F811
 def test_stage_schema_ids_and_byte_identical_rerun(tiny_corpus, rm_inputs, onpolicy_out, tmp_path):  # noqa: F811
     root, tok = rm_inputs
     (tmp_path / "a").symlink_to(onpolicy_out)
-    run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, root, tmp_path / "b"))
-    assert (tmp_path / "a/pairs.parquet").read_bytes() == (tmp_path / "b/pairs.parquet").read_bytes()
+    # the rerun under 2 processes (each samples every other batch of prompts): the same bytes
+    run_module("stages.onpolicy_pairs", *onpolicy_args(tiny_corpus, root, tmp_path / "b"), "-S", "compute.nproc=2")
+    for f in ("pairs.parquet", "stats.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
     src = pq.read_schema(root / "pairs.parquet")
     got = pq.read_schema(tmp_path / "a/pairs.parquet")
     assert got.names == src.names + ["rejected_ids", "truncated"]

@@ -108,6 +108,29 @@ def test_ddp_two_processes_match_one(tiny_corpus, tmp_path, dtype):
         assert torch.allclose(a[k], b[k], atol=atol), (k, (a[k] - b[k]).abs().max())
 
 
+def _map_worker(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from speedrun.train.distributed import Dist, map_jobs
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    got = map_jobs(lambda job: (job, rank, torch.arange(job)), list(range(5)), Dist(rank, 2, "cpu"))
+    torch.save([(job, ran, t) for job, ran, t in got], f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_map_jobs_shares_the_jobs_and_gives_every_rank_every_result(tmp_path):
+    """The evaluation's sampling under torchrun: job i runs on rank i % 2 only, every rank gets all, in job order."""
+    import torch.multiprocessing as mp
+
+    from speedrun.train.distributed import Dist, map_jobs
+    mp.spawn(_map_worker, args=(str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2, join=True)
+    for r in range(2):
+        got = torch.load(tmp_path / f"out.{r}", weights_only=True)
+        assert [(job, ran) for job, ran, _ in got] == [(0, 0), (1, 1), (2, 0), (3, 1), (4, 0)]
+        assert all(torch.equal(t, torch.arange(job)) for job, _, t in got)
+    assert map_jobs(lambda job: job * 2, [3, 1, 2], Dist(0, 1, "cpu")) == [6, 2, 4]
+
+
 def test_resume_file_holds_no_copy_of_the_best_weights(tmp_path):
     """The best-by-eval weights stay out of the resume file: nothing more when they are the model's, else one
     best_<step>.pt written once per new best; loading restores them either way, and clearing leaves nothing."""

@@ -26,7 +26,8 @@ DTYPE_HELP = ("auto: bf16 autocast where the hardware has it (CUDA, CPUs with AV
 
 @dataclass(frozen=True)
 class ComputeConfig:
-    nproc: int = knob(">1: training stages run under torchrun --standalone --nproc_per_node N (DDP)", ge=1)
+    nproc: int = knob(">1: training and GRPO stages run under torchrun --standalone --nproc_per_node N (DDP); "
+                      "on-policy sampling and the evaluations share their prompts or models over the N processes", ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("where to run")
     dtype: Literal["auto", "fp32", "bf16"] = knob(DTYPE_HELP)
     compile: bool = knob("torch.compile the training steps' forward and backward (pretrain, SFT, reward models); "

@@ -66,6 +66,8 @@ METRICS: list[Metric] = [
     Metric("within_distinct_3", "distinct-3 within prompt", "higher", "Within-prompt diversity"),
     Metric("within_self_bleu", "self-BLEU-4 within prompt", "lower", "Within-prompt diversity"),
     Metric("within_vendi", "Vendi score within prompt (SFT embeddings)", "higher", "Within-prompt diversity"),
+    Metric("within_semantic", "sentence-encoder distance within prompt (all-MiniLM-L6-v2)", "higher",
+           "Within-prompt diversity"),
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
     Metric("ascii_dash_rate", "' -- ' (the corpus's dash) per 1k chars", "lower", "Style tells", "{:.3f}"),
@@ -171,6 +173,7 @@ def _pools(df: pd.DataFrame, order: list[str], reference: str | None, ead_vocab_
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
              and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
+             and (m.name != "within_semantic" or "sentence_embedding" in df.columns)
              and (match_words > 0 or not (m.name.endswith("_first") or m.name == "short_share"))
              and (m.name != "stock_phrases" or phrases)]
     return pools, names, vocab, phrases, cell_sizes

@@ -44,7 +44,8 @@ def ordering_section(control: dict, configured: list[str], kept: list[str]) -> s
              "| metric | " + " | ".join(f"T={t}" for t in temps) + " | rho | role |",
              "|---|" + "---:|" * len(temps) + "---:|---|"]
     for m, d in control["metrics"].items():
-        role = ("primary" if m in kept else "**dropped from primary**") if m in configured else "secondary"
+        role = (("primary" if m in kept else "**dropped from primary**") if m in configured
+                else "secondary" if d["passes"] else "secondary, fails the control")
         lines.append(f"| {METRIC_BY_NAME[m].label} | " + " | ".join(f"{v:.4f}" for v in d["values"])
                      + f" | {d['rho']:.2f} | {role} |")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from speedrun.eval import diversity as dv
+from speedrun.eval import semantic
 
 
 class Pool:
@@ -52,6 +53,9 @@ class Pool:
         if "embedding" in df.columns:  # a fixed embedder's vector per response: semantic spread within a prompt
             emb = np.stack(df["embedding"].to_numpy())
             self.within["within_vendi"] = np.asarray([dv.vendi(emb[rows]) for rows in members])
+        if "sentence_embedding" in df.columns:  # a sentence encoder's unit vector per response (eval.semantic)
+            emb = np.stack(df["sentence_embedding"].to_numpy())
+            self.within["within_semantic"] = np.asarray([semantic.pairwise_distance(emb[rows]) for rows in members])
 
     def metrics(self, w_cell: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
         """All metrics on the pool where cell j counts w_cell[j] times."""

@@ -19,6 +19,7 @@ from speedrun.engine import generate
 from speedrun.model import GPT
 from speedrun.progress import Progress
 from speedrun.tokenizer import Tokenizer, cut_prompt
+from speedrun.train import distributed
 
 KIND = "sft_sample"  # the `negative` of these pairs: the RM's metrics report them as their own kind
 EXTRA_FIELDS = [pa.field("rejected_ids", pa.list_(pa.int32())), pa.field("truncated", pa.bool_())]
@@ -48,9 +49,10 @@ def row_uniforms(seed: int, prompt_ids: list[str], k: int, max_new_tokens: int) 
 @torch.no_grad()
 def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_new_tokens: int,
                     temperature: float, top_p: float, seed: int, batch_prompts: int, max_prompt_len: int,
-                    device: str = "cpu") -> tuple[list[dict], dict]:
+                    device: str = "cpu", d: distributed.Dist | None = None) -> tuple[list[dict], dict]:
     """K sampled answers per reference row as pair rows (the reference row's columns, rejected = the sample), and
-    stats. Prompts are batched by rendered length (little padding); rows come back in refs order."""
+    stats. Prompts are batched by rendered length (little padding); rows come back in refs order. d: the batches
+    shared over torchrun's processes (every rank gets every row)."""
     model.eval()
     rendered = []
     for ref in refs:
@@ -59,21 +61,25 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
         except ValueError as e:
             raise ValueError(f"prompt {ref['prompt_id']}: {e}") from None
     order = sorted(range(len(refs)), key=lambda i: (len(rendered[i]), refs[i]["prompt_id"]))
-    samples: dict[int, list[list[int]]] = {}
+    batches = [order[s:s + batch_prompts] for s in range(0, len(order), batch_prompts)]
     bar = Progress(len(order), "onpolicy", unit="prompt")
-    for s in range(0, len(order), batch_prompts):
-        idx = order[s:s + batch_prompts]
+
+    def sample_batch(b: int) -> list[list[list[int]]]:
+        idx = batches[b]
         prompts = [cut_prompt(rendered[i], max_prompt_len) for i in idx]
         u = row_uniforms(seed, [refs[i]["prompt_id"] for i in idx], k, max_new_tokens)
         out = generate(model, prompts, k, max_new_tokens, temperature=temperature, top_p=top_p,
                        stop_id=tok.assistant_end_id, pad_id=tok.bos_id, uniforms=u)
         lengths = out.mask.sum(1).long().tolist()
         tokens = out.tokens.cpu().tolist()
-        for b, i in enumerate(idx):
-            samples[i] = [tokens[b * k + j][:lengths[b * k + j]] for j in range(k)]
-        bar.update(len(idx))
-        if (s // batch_prompts) % 20 == 0:
-            bar.log(f"onpolicy: sampled {min(s + batch_prompts, len(order))}/{len(order)} prompts")
+        bar.update(len(idx) * (d.world if d else 1))  # this rank's share of the work, shown as the whole
+        if b % 20 == 0:
+            bar.log(f"onpolicy: sampled batch {b + 1}/{len(batches)} ({batch_prompts} prompts each)")
+        return [[tokens[b * k + j][:lengths[b * k + j]] for j in range(k)] for b in range(len(idx))]
+
+    # under torchrun each rank samples every world-th batch: the same batches, so the same samples, as one process
+    done = distributed.map_jobs(sample_batch, range(len(batches)), d or distributed.Dist(0, 1, device))
+    samples = {i: s for idx, got in zip(batches, done) for i, s in zip(idx, got)}
     bar.close()
     rows, counts, n_tokens = [], Counter(), 0
     for i, ref in enumerate(refs):

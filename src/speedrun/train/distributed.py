@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -81,6 +83,18 @@ def rank_share(n: int, d: Dist) -> slice:
         raise ValueError(f"{n} items do not split evenly over {d.world} processes")
     k = n // d.world
     return slice(d.rank * k, (d.rank + 1) * k)
+
+
+def map_jobs(fn: Callable[[Any], Any], jobs: Sequence, d: Dist) -> list:
+    """[fn(job) for job in jobs] with job i run on rank i % world; every rank gets every result, in job order (the
+    results are pickled over the process group). A job's result does not depend on the number of processes."""
+    mine = {i: fn(job) for i, job in enumerate(jobs) if i % d.world == d.rank}
+    if d.world == 1:
+        return [mine[i] for i in range(len(jobs))]
+    parts: list = [None] * d.world
+    dist.all_gather_object(parts, mine)
+    done = {i: r for part in parts for i, r in part.items()}
+    return [done[i] for i in range(len(jobs))]
 
 
 def barrier(d: Dist) -> None:
