@@ -11,11 +11,14 @@ replaced (`--old`, also timed). knn: the train prompts (data/prompts/prompts.par
 copy marker word, the words embedding (sparse: its size grows with the prompts' words) and
 `rl.density.knn_distance` (blocked: memory flat in N beside the embedding, time N^2, so it is timed only up to
 --knn-max prompts). pack: the same scaled corpus as vocab; `train.data.write_tokens` (the tokenizer stage's
-packing, chunk by chunk to a file) against `--old`, the stream built in memory as the pack_documents it replaced did
-(int32 parts of 1,024 documents, then one concatenation; what pretrain and each adversarial stage did on every rank),
-then a pretrain batch read from the memory-mapped file (`read_tokens`, `windows`). vocab's and pack's peak memory
-is tracemalloc's (Python and numpy allocations); knn's is the process's peak RSS (torch's tensors are not traced),
-with the embedding's own size beside it. Run from the repository root after `dvc repro dedup_prompts tokenizer`.
+packing, one document at a time to a file) against `--old`, the stream built in memory as the pack_documents it
+replaced did (tiktoken's threaded batch encoding of 1,024 documents at a time, int32 parts, then one
+concatenation; what pretrain and each adversarial stage did on every rank), then a pretrain batch read from the
+memory-mapped file (`read_tokens`, `windows`). vocab's and pack's peak memory is tracemalloc's (Python and numpy
+allocations; pack's includes the UTF-8 copy CPython attaches to each non-ASCII input string when tiktoken reads it,
+printed beside it: memory of the input, freed with it); knn's is the process's peak RSS (torch's tensors are not
+traced), with the embedding's own size beside it. Run from the repository root after
+`dvc repro dedup_prompts tokenizer`.
 """
 import argparse
 import resource
@@ -104,9 +107,12 @@ def bench_pack(scales: list[int], old: bool) -> None:
     write_json(tmp / "meta.json", {"tokenizer": tok.digest})
     for s in scales:
         texts = scaled_corpus(base, s)
+        # tiktoken reads a str as UTF-8: CPython builds that copy once per non-ASCII string and keeps it on the
+        # string (PyUnicode_AsUTF8AndSize), so the input's non-ASCII documents gain it for their lifetime
+        utf8 = sum(len(t.encode()) + 1 for t in texts if not t.isascii()) / 2**20
         n, sec, mib = measure(write_tokens, tmp / "train.bin", texts, tok)
-        line = (f"x{s:<4} {len(texts):>8} docs {n:>12,} tokens  write_tokens {sec:7.1f} s, peak {mib:7.1f} MiB, "
-                f"file {(tmp / 'train.bin').stat().st_size / 2**20:7.1f} MiB")
+        line = (f"x{s:<4} {len(texts):>8} docs {n:>12,} tokens  write_tokens {sec:6.1f} s, peak {mib:6.1f} MiB "
+                f"(the input's UTF-8 copies {utf8:5.1f}), file {(tmp / 'train.bin').stat().st_size / 2**20:6.1f} MiB")
 
         def batch() -> torch.Tensor:  # what a pretrain step reads: 16 random windows of 256
             win = windows(read_tokens(tmp / "train.bin", tok.digest), 256)
@@ -116,7 +122,8 @@ def bench_pack(scales: list[int], old: bool) -> None:
         if old:
             def in_memory() -> np.ndarray:  # pack_documents as it was, in numpy (tracemalloc sees numpy, not torch)
                 parts = [np.asarray([tok.bos_id, *d], dtype=np.int32)
-                         for i in range(0, len(texts), 1024) for d in tok.encode_batch(texts[i:i + 1024])]
+                         for i in range(0, len(texts), 1024)
+                         for d in tok.enc.encode_ordinary_batch(texts[i:i + 1024], num_threads=2)]
                 return np.concatenate(parts)
             got, sec_o, mib_o = measure(in_memory)
             same = np.array_equal(got, np.fromfile(tmp / "train.bin", dtype=np.int32))

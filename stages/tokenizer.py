@@ -7,7 +7,7 @@ import pandas as pd
 from speedrun import tokenizer as tok
 from speedrun.common import write_json
 from speedrun.stage import run_stage
-from speedrun.train.data import write_tokens
+from speedrun.train.data import pack_splits
 
 READS = ("tokenizer",)
 PATHS = {"corpus_dir": "data/corpus", "out_dir": "outs/tokenizer", "tokens_dir": "data/tokens",
@@ -32,9 +32,7 @@ def main(p, io) -> None:
     tok.save(enc, io.out_dir)
     t = tok.load(io.out_dir)
     t0 = time.perf_counter()
-    counts = {s: write_tokens(io.tokens_dir / f"{s}.bin", texts, t) for s, texts in (("train", train_texts),
-                                                                                      ("val", val_texts))}
-    write_json(io.tokens_dir / "meta.json", {"tokenizer": t.digest, "dtype": "int32", "tokens": counts})
+    counts = pack_splits(io.tokens_dir, {"train": train_texts, "val": val_texts}, t)
     n_tokens = counts["val"] - len(val_texts)  # each document's <|bos|> is not text
     n_chars = sum(len(s) for s in val_texts)
     m = {"vocab_size": t.vocab_size, "val_chars_per_token": round(n_chars / max(n_tokens, 1), 4),

@@ -113,12 +113,9 @@ def pack_splits(corpus_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None
     """data/tokens as the tokenizer stage writes it: both splits packed, meta.json naming the tokenizer."""
     import pandas as pd
     from speedrun import tokenizer as tok
-    from speedrun.common import write_json
-    from speedrun.train.data import write_tokens
-    t = tok.load(tokenizer_dir)
-    counts = {s: write_tokens(tokens_dir / f"{s}.bin", pd.read_parquet(corpus_dir / f"{s}.parquet")["text"].tolist(), t)
-              for s in ("train", "val")}
-    write_json(tokens_dir / "meta.json", {"tokenizer": t.digest, "dtype": "int32", "tokens": counts})
+    from speedrun.train import data
+    texts = {s: pd.read_parquet(corpus_dir / f"{s}.parquet")["text"].tolist() for s in ("train", "val")}
+    data.pack_splits(tokens_dir, texts, tok.load(tokenizer_dir))
 
 
 @pytest.fixture(scope="session")

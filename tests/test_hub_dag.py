@@ -1,6 +1,6 @@
 """The node profile as documented: docs/method.md's `dvc exp run` command, run as written on hub-layout mirrors at
-micro size (its size, device and location values swapped, every other override kept), and every stage read hub data:
-fineweb-edu, smoltalk, hh-rlhf, ultrafeedback_binarized, stack-exchange-preferences and GSM8K."""
+micro size (its size, device, compile and location values swapped, every other override kept), and every stage read
+hub data: fineweb-edu, smoltalk, hh-rlhf, ultrafeedback_binarized, stack-exchange-preferences and GSM8K."""
 import json
 import re
 import shlex
@@ -13,8 +13,9 @@ from conftest import REPO, dvc, make_pipeline_repo
 from test_pipeline import MICRO_DAG
 
 SIZE = {"corpus.max_docs": 300, "tokenizer.vocab_size": 512, "compute.device": "cpu", "compute.dtype": "fp32",
-        "compute.nproc": 1, "model.depth": 1, "model.seq_len": 128, "pretrain.steps": 6, "pretrain.batch_size": 4,
-        "pairs.limit_per_source": 300, "task.sft.max_len": 128, "task.rm.max_len": 128,  # a problem and its solution
+        "compute.nproc": 1, "compute.compile": "false", "model.depth": 1, "model.seq_len": 128, "pretrain.steps": 6,
+        "pretrain.batch_size": 4, "pairs.limit_per_source": 300,
+        "task.sft.max_len": 128, "task.rm.max_len": 128,  # a problem and its solution
         "task.train.max_prompt_len": 64, "task.train.max_new_tokens": 6, "task.eval.max_new_tokens": 6}
 LOCATION = ("corpus.hf_path", "sft.hf_path")  # hub ids, pointed at the mirrors
 

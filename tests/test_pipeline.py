@@ -193,21 +193,16 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     for k in ("reward_start", "reward_end", "tic_share_start", "tic_share_end", "completion_len_end"):
         assert abs(two[k] - one[k]) <= 0.05 * max(1.0, abs(one[k])), (k, one[k], two[k])
 
-    # both evaluations under 2 processes (each samples every other model): the DAG's bytes
-    evals = {"stages.task_eval": {"answers": "outs/task_eval/answers.parquet",
-                                  "metrics": "reports/metrics/task.json"},
-             "stages.eval_diversity": {"samples-out": "outs/eval/samples.parquet",
-                                       "result-out": "outs/eval/result.json",
-                                       "metrics": "reports/metrics/diversity.json"}}
-    for module, outs in evals.items():
-        moved = {k: elsewhere / module / Path(v).name for k, v in outs.items()}
-        more = ["--report", str(elsewhere / module / "report.md")]
-        if module == "stages.eval_diversity":
-            more += ["--fig-dir", str(elsewhere / "figures"), "--scratch-dir", str(elsewhere / "scratch")]
-        run_module(module, "-S", "compute.nproc=2", *[a for k, f in moved.items() for a in (f"--{k}", str(f))], *more,
-                   cwd=repo)
-        for k, v in outs.items():
-            assert moved[k].read_bytes() == (repo / v).read_bytes(), (module, v)
+    # the chat evaluation under 2 processes (each samples every other model): the DAG's bytes (the task evaluation
+    # shares its models with the same distributed.map_jobs, tested in test_train.py)
+    outs = {"samples-out": "outs/eval/samples.parquet", "result-out": "outs/eval/result.json",
+            "metrics": "reports/metrics/diversity.json"}
+    moved = {k: elsewhere / "eval" / Path(v).name for k, v in outs.items()}
+    flags = [a for k, f in moved.items() for a in (f"--{k}", str(f))]
+    run_module("stages.eval_diversity", "-S", "compute.nproc=2", *flags, "--report", str(elsewhere / "eval/report.md"),
+               "--fig-dir", str(elsewhere / "figures"), "--scratch-dir", str(elsewhere / "scratch"), cwd=repo)
+    for k, v in outs.items():
+        assert moved[k].read_bytes() == (repo / v).read_bytes(), v
 
     # the README's comparison recipe: metrics side by side, then an experiment on beta
     show = dvc(repo, "metrics", "show")

@@ -260,7 +260,7 @@ def test_compiled_training_is_byte_identical_across_runs_and_close_to_eager(tiny
         assert torch.allclose(a[k], b[k], atol=1e-5), (k, (a[k] - b[k]).abs().max())
 
 
-def test_token_files_hold_the_bos_separated_stream_whatever_the_chunk(tiny_corpus, tmp_path):
+def test_token_files_hold_the_bos_separated_stream(tiny_corpus, tmp_path):
     import pandas as pd
 
     from speedrun import tokenizer as tokenizer_lib
@@ -268,13 +268,11 @@ def test_token_files_hold_the_bos_separated_stream_whatever_the_chunk(tiny_corpu
     from speedrun.train.data import read_tokens, windows, write_tokens
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
     texts = pd.read_parquet(tiny_corpus / "corpus/train.parquet")["text"].tolist()[:50]
-    want = [t for doc in tok.encode_batch(texts) for t in [tok.bos_id, *doc]]
+    want = [t for doc in texts for t in [tok.bos_id, *tok.encode(doc)]]
     write_json(tmp_path / "meta.json", {"tokenizer": tok.digest})
     assert write_tokens(tmp_path / "a.bin", texts, tok) == len(want)
     got = read_tokens(tmp_path / "a.bin", tok.digest)
     assert got.dtype == torch.int32 and got.tolist() == want
-    write_tokens(tmp_path / "b.bin", texts, tok, chunk_docs=3)
-    assert (tmp_path / "b.bin").read_bytes() == (tmp_path / "a.bin").read_bytes()
     write_tokens(tmp_path / "empty.bin", [], tok)
     assert read_tokens(tmp_path / "empty.bin", tok.digest).numel() == 0
     # windows are a view of the stream: row i is tokens [i * T, (i + 1) * T], one token shared with the next row

@@ -37,9 +37,6 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str], num_threads: int = 2) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(list(ids))
 
