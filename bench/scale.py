@@ -8,16 +8,16 @@ vocab: the committed run's corpus train split (data/corpus/train.parquet) copied
 suffixed with c, so the distinct n-grams grow linearly with the scale (the worst case: a real corpus grows them
 sublinearly); `eval.diversity.ngram_vocab` (word ids, deduplicated int arrays) against the set-of-tuples count it
 replaced (`--old`, also timed). knn: the train prompts (data/prompts/prompts.parquet) repeated `scale` times with a
-copy marker word, the words embedding (sparse: its size grows with the prompts' words) and
-`rl.density.knn_distance` (blocked: memory flat in N beside the embedding, time N^2, so it is timed only up to
---knn-max prompts). pack: the same scaled corpus as vocab; `train.data.write_tokens` (the tokenizer stage's
-packing, one document at a time to a file) against `--old`, the stream built in memory as the pack_documents it
-replaced did (tiktoken's threaded batch encoding of 1,024 documents at a time, int32 parts, then one
-concatenation; what pretrain and each adversarial stage did on every rank), then a pretrain batch read from the
-memory-mapped file (`read_tokens`, `windows`). vocab's and pack's peak memory is tracemalloc's (Python and numpy
-allocations; pack's includes the UTF-8 copy CPython attaches to each non-ASCII input string when tiktoken reads it,
-printed beside it: memory of the input, freed with it); knn's is the process's peak RSS (torch's tensors are not
-traced), with the embedding's own size beside it. Run from the repository root after
+copy marker word, the words embedding (sparse: its size grows with the prompts' words) and `rl.density.knn_distance`
+(blocked: memory flat in N beside the embedding, time N^2, so above --knn-max prompts only one block of 1,024 query
+rows runs against every row: all of the k-NN's memory, 1/blocks of its time). pack: the same scaled corpus as vocab;
+`train.data.write_tokens` (the tokenizer stage's packing, one document at a time to a file) against `--old`, the
+stream built in memory as the pack_documents it replaced did (tiktoken's threaded batch encoding of 1,024 documents
+at a time, int32 parts, then one concatenation; what pretrain and each adversarial stage did on every rank), then a
+pretrain batch read from the memory-mapped file (`read_tokens`, `windows`). vocab's and pack's peak memory is
+tracemalloc's (Python and numpy allocations; pack's includes the UTF-8 copy CPython attaches to each non-ASCII input
+string when tiktoken reads it, printed beside it: memory of the input, freed with it); knn's is the process's peak
+RSS (torch's tensors are not traced), with the embedding's own size beside it. Run from the repository root after
 `dvc repro dedup_prompts tokenizer`.
 """
 import argparse
@@ -66,7 +66,7 @@ def bench_vocab(scales: list[int], old: bool) -> None:
 
 
 def bench_knn(scales: list[int], k: int, knn_max: int) -> None:
-    from speedrun.rl.density import knn_distance, word_embeddings
+    from speedrun.rl.density import knn_block, knn_distance, word_embeddings
 
     df = pd.read_parquet("data/prompts/prompts.parquet")
     base = [m[-1]["content"] for m in df.loc[df["split"] == "train", "prompt"]]
@@ -79,10 +79,15 @@ def bench_knn(scales: list[int], k: int, knn_max: int) -> None:
         held = sum(t.numel() * t.element_size() for t in (emb.crow_indices(), emb.col_indices(), emb.values()))
         line = (f"x{s:<4} {len(texts):>8} prompts  embedding {sec_e:6.1f} s, {held / 2**20:8.1f} MiB sparse "
                 f"({emb.shape[0] * emb.shape[1] * 8 / 2**20:9.1f} MiB it would take dense in fp64)")
+        t0 = time.perf_counter()
         if len(texts) <= knn_max:
-            t0 = time.perf_counter()
             knn_distance(emb, k)
             line += f"  knn {time.perf_counter() - t0:7.1f} s"
+        else:  # one block of 1,024 query rows against every row: the whole k-NN's memory, 1/blocks of its time
+            knn_block(emb, 0, 1024, k)
+            blocks = -(-len(texts) // 1024)
+            sec = time.perf_counter() - t0
+            line += f"  knn one block {sec:6.1f} s (x {blocks} blocks: {sec * blocks / 60:6.1f} min)"
         print(f"{line}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:8.1f} MiB", flush=True)
 
 

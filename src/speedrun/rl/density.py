@@ -76,17 +76,23 @@ def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int 
     if k_eff == 0:
         return out
     for i0 in range(0, n, block_size):
-        i1 = min(i0 + block_size, n)
-        best = torch.full((i1 - i0, k_eff), -math.inf, dtype=e.dtype, device=e.device)  # top-k similarities so far
-        for j0 in range(0, n, block_size):
-            j1 = min(j0 + block_size, n)
-            sim = dense_rows(e, i0, i1) @ dense_rows(e, j0, j1).T
-            if j0 < i1 and i0 < j1:  # this tile holds the diagonal: a point is not its own neighbour
-                r = torch.arange(max(i0, j0), min(i1, j1), device=e.device)
-                sim[r - i0, r - j0] = -math.inf
-            best = torch.cat([best, sim], dim=1).topk(k_eff, dim=1).values
-        out[i0:i1] = (1.0 - best).clamp_min(0.0).mean(dim=1).cpu()  # clamp: rounding can give 1 - cos < 0
+        out[i0:i0 + block_size] = knn_block(e, i0, min(i0 + block_size, n), k_eff, block_size)
     return out
+
+
+def knn_block(e: torch.Tensor, i0: int, i1: int, k: int, block_size: int = 1024) -> torch.Tensor:
+    """knn_distance's unit of work: rows i0:i1 of the unit rows e (dense or CSR) against every row, block_size at a
+    time with a running top-k (k <= N-1). Its memory is the whole computation's (bench/scale.py times one block)."""
+    n = e.shape[0]
+    best = torch.full((i1 - i0, k), -math.inf, dtype=e.dtype, device=e.device)  # top-k similarities so far
+    for j0 in range(0, n, block_size):
+        j1 = min(j0 + block_size, n)
+        sim = dense_rows(e, i0, i1) @ dense_rows(e, j0, j1).T
+        if j0 < i1 and i0 < j1:  # this tile holds the diagonal: a point is not its own neighbour
+            r = torch.arange(max(i0, j0), min(i1, j1), device=e.device)
+            sim[r - i0, r - j0] = -math.inf
+        best = torch.cat([best, sim], dim=1).topk(k, dim=1).values
+    return (1.0 - best).clamp_min(0.0).mean(dim=1).cpu()  # clamp: rounding can give 1 - cos < 0
 
 
 def clip_and_normalise(raw: torch.Tensor, max_ratio: float) -> torch.Tensor:
