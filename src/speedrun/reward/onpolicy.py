@@ -75,7 +75,7 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
         bar.update(len(idx) * (d.world if d else 1))  # this rank's share of the work, shown as the whole
         if b % 20 == 0:
             bar.log(f"onpolicy: sampled batch {b + 1}/{len(batches)} ({batch_prompts} prompts each)")
-        return [[tokens[b * k + j][:lengths[b * k + j]] for j in range(k)] for b in range(len(idx))]
+        return [[tokens[r * k + j][:lengths[r * k + j]] for j in range(k)] for r in range(len(idx))]
 
     # under torchrun each rank samples every world-th batch: the same batches, so the same samples, as one process
     done = distributed.map_jobs(sample_batch, range(len(batches)), d or distributed.Dist(0, 1, device))
