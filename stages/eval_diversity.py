@@ -90,7 +90,7 @@ def run_logs(runs_dir: Path, frames: dict, seeds: list[int]) -> tuple[dict, dict
     return logs, weights
 
 
-def control_check(control_samples: pd.DataFrame, temps: dict[str, float], c, vocab: int,
+def control_check(control_samples: pd.DataFrame, temps: dict[str, float], c, vocab: list[int],
                   seed: int) -> tuple[dict, list[str]]:
     """The temperature control (which metrics order the SFT model's temperatures) and the configured primaries that
     pass it; none passing stops the stage (nothing could be tested)."""
