@@ -9,7 +9,7 @@ from speedrun.rl.density import cluster_labels, word_embeddings
 from speedrun.stage import run_stage
 
 READS = ("seed", "task.source", "task.hf_path", "task.hf_name", "task.max_items", "task.hf_clusters", "task.val_frac",
-         "task.eval_frac", "task.pairs_per_item")
+         "task.eval_frac", "task.number_max", "task.pairs_per_item")
 PATHS = {"items": "data/task/items.parquet", "pairs": "data/task/pairs.parquet", "stats": "data/task/stats.json"}
 
 
@@ -26,7 +26,10 @@ def gsm8k_items(c, seed: int) -> tuple[list[task.TaskItem], dict[str, int]]:
 
 def main(p, io) -> None:
     c = p.task
-    items, skipped = gsm8k_items(c, p.seed) if c.source == "gsm8k" else (task.items(c.val_frac, c.eval_frac), None)
+    if c.source == "gsm8k":
+        items, skipped = gsm8k_items(c, p.seed)
+    else:
+        items, skipped = task.items(c.val_frac, c.eval_frac, c.number_max), None
     pairs = task.pairs(items, c.pairs_per_item, p.seed)
     sizes = {s: task.cluster_sizes(items, s) for s in ("train", "val", "eval")}
     train = sizes["train"]

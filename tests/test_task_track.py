@@ -32,6 +32,17 @@ def test_items_have_many_right_answers_in_uneven_clusters_split_by_hash(items):
     assert all(int(a) % 2 == 0 for i in items if i.cluster == "evens" for a in i.answers)
 
 
+def test_a_wider_number_range_adds_items_and_keeps_the_old_ones(items):
+    wide = task.items(0.1, 0.25, 215)
+    numbers = [i for i in wide if i.cluster == "numbers"]
+    assert len(numbers) == 6 * 215 - 33 and len([i for i in items if i.cluster == "numbers"]) == 6 * 70 - 33
+    assert max(int(a) for i in numbers for a in i.answers) == 214
+    old = {i.item_id: i for i in items}
+    kept = [i for i in wide if i.item_id in old]
+    assert kept == list(old.values())  # every item keeps its id, answers and split: the range only adds
+    assert sum(i.split == "eval" for i in wide) > 2 * sum(i.split == "eval" for i in items)
+
+
 def test_a_split_without_a_cluster_is_refused():
     with pytest.raises(ValueError, match="no eval item"):
         task.items(0.1, 0.001)

@@ -57,6 +57,8 @@ class TaskSection:
     val_frac: float = knob("share of task items in the val split (stable hash of the item)", ge=0, lt=1)
     eval_frac: float = knob("share of task items held out of every post-training stage for the evaluation "
                             "(embedded; gsm8k holds out its test split)", gt=0, lt=1)
+    number_max: int = knob("embedded: the numbers cluster asks about whole numbers 0 to this (6 x number_max - 33 "
+                           "items: 387 at 70; a wider range gives more held-out items)", ge=9)
     pairs_per_item: int = knob("task preference pairs per train / val item (a right answer over a wrong one) for "
                                "the task reward model; eval items have none", ge=1)
     sft: TaskSFTConfig = knob("the task stage after chat SFT")

@@ -23,6 +23,7 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
           "November", "December")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MIN_ANSWERS = 3
+NUMBER_MAX = 70  # the default range of the numbers cluster (task.number_max)
 TEMPLATES: dict[str, tuple[str, ...]] = {  # {lo} and {hi} are excluded bounds
     "numbers": ("Name a whole number greater than {lo} and less than {hi}.",
                 "Give me an integer strictly between {lo} and {hi}.",
@@ -84,14 +85,15 @@ def _ranges(n: int, gaps: range, step: int = 1) -> list[tuple[int, int]]:
     return [(lo, lo + g) for g in gaps for lo in range(0, n - g, step)]
 
 
-def all_items(val_frac: float, eval_frac: float) -> list[TaskItem]:
-    """Every item of every cluster, in cluster then (lo, hi) order, each with its split."""
+def all_items(val_frac: float, eval_frac: float, number_max: int = NUMBER_MAX) -> list[TaskItem]:
+    """Every item of every cluster, in cluster then (lo, hi) order, each with its split. The numbers cluster asks
+    about 0..number_max (6 x number_max - 33 items; an item keeps its id and split whatever the range)."""
     raw: list[tuple[str, str, str, tuple[str, ...]]] = []
-    for lo, hi in _ranges(71, range(4, 10)):  # 426 items, 3-8 answers
+    for lo, hi in _ranges(number_max + 1, range(4, 10)):  # 387 items at 70, 3-8 answers
         raw.append(("numbers", str(lo), str(hi), tuple(str(v) for v in range(lo + 1, hi))))
     for lo, hi in _ranges(26, range(4, 10)):  # 117 items
         raw.append(("letters", LETTERS[lo], LETTERS[hi], tuple(LETTERS[lo + 1:hi])))
-    for lo, hi in _ranges(41, range(8, 15, 2), step=2):  # 74 items, 3-6 answers
+    for lo, hi in _ranges(41, range(8, 15, 2), step=2):  # 62 items, 3-6 answers
         raw.append(("evens", str(lo), str(hi), tuple(str(v) for v in range(lo + 2, hi, 2))))
     for lo, hi in _ranges(12, range(4, 8)):  # 26 items, 3-6 answers
         raw.append(("months", MONTHS[lo], MONTHS[hi], MONTHS[lo + 1:hi]))
@@ -104,9 +106,9 @@ def all_items(val_frac: float, eval_frac: float) -> list[TaskItem]:
     return out
 
 
-def items(val_frac: float, eval_frac: float) -> list[TaskItem]:
+def items(val_frac: float, eval_frac: float, number_max: int = NUMBER_MAX) -> list[TaskItem]:
     """all_items, refusing a split that leaves a cluster without train or eval items."""
-    out = all_items(val_frac, eval_frac)
+    out = all_items(val_frac, eval_frac, number_max)
     for cluster in TEMPLATES:
         for split in ("train", "eval"):
             if not any(i.cluster == cluster and i.split == split for i in out):
