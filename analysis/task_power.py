@@ -1,0 +1,77 @@
+"""Seeds and held-out items for a task-track comparison, from a committed experiment's answers (no model needed).
+
+The between-run variance of a run's frontier gap has two parts: the training seed's effect on the whole model (it
+stays whatever the eval set) and the run's own noise over the held-out items (each run's answers to these items:
+it shrinks as 1 / items, like the arm x item term). stats.pooled_delta already estimates the second from the
+bootstrap over items; here both are split out per arm and the MDE is projected to more items and seeds
+(stats.mde at Holm's first step over m tests). Log entry: docs/LOG.md, 2026-11-27 ("run noise over items").
+
+    python analysis/task_power.py reports/experiments/task-density-20-seeds/answers.parquet \
+        density:checker balanced:checker --items 1,2,4.14 --seeds 20,24,30 --m 2,4
+"""
+import argparse
+
+import numpy as np
+import pandas as pd
+
+from speedrun.eval.stats import mde
+from speedrun.eval.task_track import gap_draws, item_draws, per_item
+
+
+def arm_gaps(path: str, n_boot: int) -> tuple[dict[str, np.ndarray], int]:
+    """Per arm, the [draw, run] frontier gaps (row 0 the full item set) on shared bootstrap draws over items."""
+    d = pd.read_parquet(path)
+    k = (1, 16)
+    sft = [per_item(g, k) for _, g in d[d.model == "task_sft"].groupby("temperature")]
+    runs = {m: per_item(g, k) for m, g in d[d.model != "task_sft"].groupby("model")}
+    arms: dict[str, list[pd.DataFrame]] = {}
+    for m in sorted(runs):
+        arms.setdefault(m.rsplit("_s", 1)[0], []).append(runs[m])
+    draws = item_draws(len(sft[0]), n_boot, 0, "task_power")
+    return {a: gap_draws(sft, frames, draws) for a, frames in arms.items()}, len(sft[0])
+
+
+def split(g: np.ndarray) -> tuple[float, float]:
+    """(variance of the gap over runs, the part of it that is each run's noise over the items)."""
+    r = g.shape[1]
+    noise = float(np.var(g[1:] - g[1:].mean(1, keepdims=True), axis=0).mean()) * r / (r - 1)
+    return float(np.var(g[0], ddof=1)), noise
+
+
+def main(path: str, comparisons: list[str], items: list[float], seeds: list[int], ms: list[int], n_boot: int) -> None:
+    gaps, n = arm_gaps(path, n_boot)
+    print(f"{path}: {n} held-out items")
+    for arm, g in gaps.items():
+        total, noise = split(g)
+        print(f"  {arm}: {g.shape[1]} runs, gap {g[0].mean():+.3f}; variance over runs {total:.5f}, of which the runs' "
+              f"noise over items {noise:.5f} ({noise / total:.0%})")
+    for comp in comparisons:
+        a, b = comp.split(":")
+        r = gaps[a].shape[1]
+        (ta, na), (tb, nb) = split(gaps[a]), split(gaps[b])
+        seed_part = (max(ta - na, 0.0) + max(tb - nb, 0.0)) / r
+        noise_part = (na + nb) / r
+        arm_item = max(0.0, float(np.var(gaps[a][1:].mean(1) - gaps[b][1:].mean(1))) - noise_part)
+        collapse = -float(gaps[b][0].mean())
+        print(f"{comp}: Var(Δ) at {r} runs = seed {seed_part:.5f} + run noise over items {noise_part:.5f} + arm x item "
+              f"{arm_item:.5f}; {b}'s collapse {collapse:.3f}")
+        print("  | items | seeds/arm | " + " | ".join(f"MDE, Holm over {m}" for m in ms) + " |")
+        for mult in items:
+            for new in seeds:
+                var = (seed_part + noise_part / mult) * r / new + arm_item / mult
+                cells = [mde(var, 0.0, new, new, m) for m in ms]
+                print(f"  | {round(n * mult)} | {new} | " + " | ".join(f"{c:.3f} ({c / collapse:.0%})" for c in cells)
+                      + " |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("answers")
+    ap.add_argument("comparisons", nargs="+", help="treatment:control arm pairs")
+    ap.add_argument("--items", default="1,2,4", help="multiples of the held-out item count to project to")
+    ap.add_argument("--seeds", default="20,30,40", help="seeds per arm to project to")
+    ap.add_argument("--m", default="2", help="Holm's first step over this many tests (comma-separated)")
+    ap.add_argument("--n-boot", type=int, default=400)
+    a = ap.parse_args()
+    main(a.answers, a.comparisons, [float(x) for x in a.items.split(",")], [int(x) for x in a.seeds.split(",")],
+         [int(x) for x in a.m.split(",")], a.n_boot)
