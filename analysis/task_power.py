@@ -1,4 +1,6 @@
 """Seeds and held-out items for a task-track comparison, from a committed experiment's answers (no model needed).
+Also what the primary is made of: each arm's coverage@16, pass@1 and right-answer entropy against the control's at the
+same temperature (the frontier gap moves with pass@1 wherever the SFT frontier is steep).
 
 The between-run variance of a run's frontier gap has two parts: the training seed's effect on the whole model (it
 stays whatever the eval set) and the run's own noise over the held-out items (each run's answers to these items:
@@ -14,12 +16,12 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from speedrun.eval.stats import mde
+from speedrun.eval.stats import mde, pooled_delta
 from speedrun.eval.task_track import gap_draws, item_draws, per_item
 
 
-def arm_gaps(path: str, n_boot: int) -> tuple[dict[str, np.ndarray], int]:
-    """Per arm, the [draw, run] frontier gaps (row 0 the full item set) on shared bootstrap draws over items."""
+def arm_tables(path: str, n_boot: int) -> tuple[list[pd.DataFrame], dict[str, list[pd.DataFrame]], list[np.ndarray]]:
+    """The task SFT model's per-item tables (one per temperature), each arm's per-run tables, shared item draws."""
     d = pd.read_parquet(path)
     k = (1, 16)
     sft = [per_item(g, k) for _, g in d[d.model == "task_sft"].groupby("temperature")]
@@ -27,8 +29,17 @@ def arm_gaps(path: str, n_boot: int) -> tuple[dict[str, np.ndarray], int]:
     arms: dict[str, list[pd.DataFrame]] = {}
     for m in sorted(runs):
         arms.setdefault(m.rsplit("_s", 1)[0], []).append(runs[m])
-    draws = item_draws(len(sft[0]), n_boot, 0, "task_power")
-    return {a: gap_draws(sft, frames, draws) for a, frames in arms.items()}, len(sft[0])
+    return sft, arms, item_draws(len(sft[0]), n_boot, 0, "task_power")
+
+
+def raw_deltas(arms: dict[str, list[pd.DataFrame]], draws: list[np.ndarray], comp: str) -> None:
+    """treatment − control on coverage@16, pass@1 and entropy at the arms' own temperature (stats.pooled_delta)."""
+    a, b = comp.split(":")
+    for col in ("coverage", "pass@1", "entropy"):
+        ma, mb = (np.array([[t[col].to_numpy()[r].mean() for t in arms[x]] for r in draws]) for x in (a, b))
+        r = pooled_delta(ma[0], mb[0], ma[1:], mb[1:])
+        print(f"  same temperature, {col}: {ma[0].mean():.3f} against {mb[0].mean():.3f}, Δ {r['value']:+.3f} "
+              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]")
 
 
 def split(g: np.ndarray) -> tuple[float, float]:
@@ -39,7 +50,8 @@ def split(g: np.ndarray) -> tuple[float, float]:
 
 
 def main(path: str, comparisons: list[str], items: list[float], seeds: list[int], ms: list[int], n_boot: int) -> None:
-    gaps, n = arm_gaps(path, n_boot)
+    sft, arms, draws = arm_tables(path, n_boot)
+    gaps, n = {a: gap_draws(sft, frames, draws) for a, frames in arms.items()}, len(sft[0])
     print(f"{path}: {n} held-out items")
     for arm, g in gaps.items():
         total, noise = split(g)
@@ -55,6 +67,7 @@ def main(path: str, comparisons: list[str], items: list[float], seeds: list[int]
         collapse = -float(gaps[b][0].mean())
         print(f"{comp}: Var(Δ) at {r} runs = seed {seed_part:.5f} + run noise over items {noise_part:.5f} + arm x item "
               f"{arm_item:.5f}; {b}'s collapse {collapse:.3f}")
+        raw_deltas(arms, draws, comp)
         print("  | items | seeds/arm | " + " | ".join(f"MDE, Holm over {m}" for m in ms) + " |")
         for mult in items:
             for new in seeds:
