@@ -178,7 +178,7 @@ def test_hub_prompts_are_grouped_by_their_words_not_their_source():
         frozenset({c}) for c in ("cluster_00", "cluster_01", "cluster_02")}
     assert all(m["prompts"] == 9 and m["hh"] == m["uf"] == m["se"] == 3 for m in mix.values())
     assert cluster_hub_prompts(df, 0, seed=0)[0]["group"].tolist() == df["group"].tolist()
-    items = [i for i in task.all_items(0.1, 0.25) if i.split == "train"]
+    items = [i for i in task.all_items(0.1, 0.25, 70) if i.split == "train"]
     labels = cluster_labels(word_embeddings([i.prompt() for i in items]), 16, seed=0)
     assert labels == cluster_labels(word_embeddings([i.prompt() for i in items]), 16, seed=0)
     members = defaultdict(Counter)

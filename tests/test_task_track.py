@@ -15,7 +15,7 @@ from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, 
 
 @pytest.fixture(scope="module")
 def items():
-    return task.items(0.1, 0.25)
+    return task.items(0.1, 0.25, 70)
 
 
 def test_items_have_many_right_answers_in_uneven_clusters_split_by_hash(items):
@@ -24,7 +24,7 @@ def test_items_have_many_right_answers_in_uneven_clusters_split_by_hash(items):
     assert max(train.values()) >= 10 * min(train.values())  # crowding built in
     assert all(n > 0 for n in task.cluster_sizes(items, "eval").values())  # every cluster in eval
     assert len({i.item_id for i in items}) == len(items)
-    assert [i.split for i in items] == [i.split for i in task.items(0.1, 0.25)]  # stable
+    assert [i.split for i in items] == [i.split for i in task.items(0.1, 0.25, 70)]  # stable
     n13 = next(i for i in items if (i.cluster, i.lo, i.hi) == ("numbers", "12", "19"))
     assert n13.answers == ("13", "14", "15", "16", "17", "18")
     may = next(i for i in items if (i.cluster, i.lo, i.hi) == ("months", "March", "August"))
@@ -45,7 +45,7 @@ def test_a_wider_number_range_adds_items_and_keeps_the_old_ones(items):
 
 def test_a_split_without_a_cluster_is_refused():
     with pytest.raises(ValueError, match="no eval item"):
-        task.items(0.1, 0.001)
+        task.items(0.1, 0.001, 70)
 
 
 def test_checker_reads_the_first_backticked_value(items):

@@ -23,7 +23,6 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
           "November", "December")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MIN_ANSWERS = 3
-NUMBER_MAX = 70  # the default range of the numbers cluster (task.number_max)
 TEMPLATES: dict[str, tuple[str, ...]] = {  # {lo} and {hi} are excluded bounds
     "numbers": ("Name a whole number greater than {lo} and less than {hi}.",
                 "Give me an integer strictly between {lo} and {hi}.",
@@ -85,7 +84,7 @@ def _ranges(n: int, gaps: range, step: int = 1) -> list[tuple[int, int]]:
     return [(lo, lo + g) for g in gaps for lo in range(0, n - g, step)]
 
 
-def all_items(val_frac: float, eval_frac: float, number_max: int = NUMBER_MAX) -> list[TaskItem]:
+def all_items(val_frac: float, eval_frac: float, number_max: int) -> list[TaskItem]:
     """Every item of every cluster, in cluster then (lo, hi) order, each with its split. The numbers cluster asks
     about 0..number_max (6 x number_max - 33 items; an item keeps its id and split whatever the range)."""
     raw: list[tuple[str, str, str, tuple[str, ...]]] = []
@@ -106,7 +105,7 @@ def all_items(val_frac: float, eval_frac: float, number_max: int = NUMBER_MAX) -
     return out
 
 
-def items(val_frac: float, eval_frac: float, number_max: int = NUMBER_MAX) -> list[TaskItem]:
+def items(val_frac: float, eval_frac: float, number_max: int) -> list[TaskItem]:
     """all_items, refusing a split that leaves a cluster without train or eval items."""
     out = all_items(val_frac, eval_frac, number_max)
     for cluster in TEMPLATES:
