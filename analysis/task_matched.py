@@ -1,0 +1,147 @@
+"""Coverage at matched pass@1: a primary for the task track that does not move with an arm's pass@1.
+
+The registered primary compares each run with the task SFT model's temperature frontier at the run's own pass@1.
+Where that frontier is steep, a small pass@1 difference between arms becomes a large gap difference, and every
+resample of the items moves the frontier between them (the arm x item term of task-density-609-items came out 8x
+and 23x its projection). Here each GRPO run is also sampled at a few more temperatures, so it traces its own
+pass@1-versus-coverage curve; every run is read on its own curve at one pass@1 (the control arm's mean at the GRPO
+temperature, on the same item draw), and the arms are compared there: coverage at equal pass@1, no SFT frontier in
+the difference. Printed beside it, for the same runs: the registered frontier-gap primary. Both with
+stats.pooled_delta's interval (seeds + items), the MDE at these seeds (Holm's first step over m) and the seeds per
+arm for an MDE of 30% of the control's collapse. A pilot for the design, not a test: its runs' results at the GRPO
+temperature are already known.
+
+    # from a workspace holding the runs (outs/task_grpo, data/task, outs/tokenizer), answers at T = 1 committed:
+    python analysis/task_matched.py reports/experiments/<experiment>/answers.parquet density:checker \
+        balanced:checker --temperatures 0.75,1.25 --extra reports/experiments/<experiment>/answers_matched.parquet
+"""
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from speedrun import params
+from speedrun import tokenizer as tokenizer_lib
+from speedrun.common import write_parquet
+from speedrun.data import task
+from speedrun.eval.stats import mde, pooled_delta, runs_needed
+from speedrun.eval.task_track import column_mean, gap_draws, item_draws, per_item, sample_answers
+from speedrun.train.checkpoint import load_model
+
+K = (1, 16)
+
+
+def sample_extra(models: list[str], temperatures: list[float], runs_dir: Path, out: Path) -> pd.DataFrame:
+    """Every run's answers at the extra temperatures, as task_eval samples them (same items, seed and draws)."""
+    p = params.load()
+    tok = tokenizer_lib.load(Path("outs/tokenizer"))
+    items = [i for i in task.load_items(Path("data/task/items.parquet")) if i.split == "eval"]
+    frames = []
+    for name in models:
+        model, _ = load_model(runs_dir / name, "cpu", tok.digest)
+        for t in temperatures:
+            frames.append(sample_answers(model, name, tok, items, p.task.eval.samples, p.task.eval.max_new_tokens,
+                                         t, p.seed, "cpu"))
+        print(f"sampled {name} at {temperatures}", flush=True)
+    extra = pd.concat(frames, ignore_index=True)
+    write_parquet(out, extra)
+    return extra
+
+
+def at_pass1(points: np.ndarray, target: float) -> tuple[float, bool]:
+    """Coverage on one run's curve (rows of (pass@1, coverage), one per temperature) at pass@1 `target`: linear
+    between the neighbouring points in pass@1 order, extended linearly from the nearest two beyond the ends
+    (flagged True: then the reading leans on the curve's slope outside what was sampled)."""
+    pts = points[np.argsort(points[:, 0])]
+    x, y = pts[:, 0], pts[:, 1]
+    if x[0] <= target <= x[-1]:
+        return float(np.interp(target, x, y)), False
+    i = (0, 1) if target < x[0] else (-2, -1)
+    slope = (y[i[1]] - y[i[0]]) / max(x[i[1]] - x[i[0]], 1e-9)
+    return float(y[i[0]] + slope * (target - x[i[0]])), True
+
+
+def matched_draws(curves: dict[str, list[list[pd.DataFrame]]], control: str, t_index: int,
+                  draws: list[np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """[draw, run] coverage at the control's mean pass@1 (at temperature index t_index) for every arm; how many
+    (draw, run) readings needed the curve extended."""
+    out = {arm: [] for arm in curves}
+    outside = 0
+    for rows in draws:
+        target = float(np.mean([column_mean(c[t_index], rows, "pass@1") for c in curves[control]]))
+        for arm, runs in curves.items():
+            row = []
+            for c in runs:
+                pts = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in c])
+                v, ext = at_pass1(pts, target)
+                row.append(v)
+                outside += ext
+            out[arm].append(row)
+    return {arm: np.array(v) for arm, v in out.items()}, outside
+
+
+def report(name: str, a: np.ndarray, b: np.ndarray, collapse: float, ms: list[int]) -> None:
+    d = pooled_delta(a[0], b[0], a[1:], b[1:])
+    r = a.shape[1]
+    cells = []
+    for m in ms:
+        x = mde(d["between_var"], d["prompt_var"], r, r, m)
+        need = runs_needed(d["between_var"], d["prompt_var"], r, 0.3 * collapse, m)
+        cells.append(f"MDE (Holm over {m}) {x:.3f} = {x / collapse:.0%} of the collapse, seeds/arm for 30%: {need}")
+    print(f"  {name}: Δ {d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]; between-run var "
+          f"{d['between_var']:.5f}, item var {d['prompt_var']:.5f}\n    " + "\n    ".join(cells))
+
+
+def main(answers: str, comparisons: list[str], temperatures: list[float], extra_path: str, runs_dir: str,
+         arm_t: float, ms: list[int], n_boot: int) -> None:
+    base = pd.read_parquet(answers)
+    runs = sorted(m for m in base.model.unique() if m != "task_sft")
+    arms_used = {x for c in comparisons for x in c.split(":")}
+    runs = [m for m in runs if m.rsplit("_s", 1)[0] in arms_used]
+    extra = Path(extra_path)
+    extra_df = pd.read_parquet(extra) if extra.exists() else sample_extra(runs, temperatures, Path(runs_dir), extra)
+    both = pd.concat([base[base.model.isin(runs) & (base.temperature == arm_t)], extra_df], ignore_index=True)
+    temps = sorted(float(t) for t in both.temperature.unique())
+    sft = [per_item(g, K) for _, g in base[base.model == "task_sft"].groupby("temperature")]
+    curves: dict[str, list[list[pd.DataFrame]]] = {}
+    for m, g in both.groupby("model", sort=True):
+        by_t = {t: per_item(x, K) for t, x in g.groupby("temperature")}
+        curves.setdefault(m.rsplit("_s", 1)[0], []).append([by_t[t] for t in temps])
+    draws = item_draws(len(sft[0]), n_boot, 0, "task_matched")
+    t_index = temps.index(arm_t)
+    print(f"{answers}: {len(sft[0])} held-out items, runs at temperatures {temps}")
+    for arm, cs in curves.items():
+        pts = np.array([[(column_mean(t, draws[0], "pass@1"), column_mean(t, draws[0], "coverage")) for t in c]
+                        for c in cs])
+        mono = int(sum(bool(np.all(np.diff(p[:, 0]) < 0)) for p in pts))
+        print(f"  {arm}: {len(cs)} runs; mean (pass@1, coverage@16) by temperature: " + ", ".join(
+            f"T {t}: ({pts[:, i, 0].mean():.3f}, {pts[:, i, 1].mean():.2f})" for i, t in enumerate(temps))
+              + f"; pass@1 falls with T in {mono} of {len(cs)} runs")
+    for comp in comparisons:
+        a, b = comp.split(":")
+        gaps = {x: gap_draws(sft, [c[t_index] for c in curves[x]], draws) for x in (a, b)}
+        collapse = -float(gaps[b][0].mean())
+        matched, outside = matched_draws({a: curves[a], b: curves[b]}, b, t_index, draws)
+        n_read = len(draws) * (len(curves[a]) + len(curves[b]))
+        print(f"{comp} ({b}'s collapse below the SFT frontier {collapse:.3f}):")
+        report("frontier gap (the registered primary)", gaps[a], gaps[b], collapse, ms)
+        report(f"coverage at {b}'s pass@1 (each run's own curve; {outside / n_read:.1%} of readings extended)",
+               matched[a], matched[b], collapse, ms)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("answers", help="an experiment's answers.parquet (the runs at the GRPO temperature, the SFT sweep)")
+    ap.add_argument("comparisons", nargs="+", help="treatment:control arm pairs")
+    ap.add_argument("--temperatures", default="0.75,1.25", help="the extra temperatures each run is sampled at")
+    ap.add_argument("--extra", required=True, help="parquet of the extra answers: read if it exists, else sampled")
+    ap.add_argument("--runs", default="outs/task_grpo", help="the runs' checkpoints (for sampling)")
+    ap.add_argument("--arm-temperature", type=float, default=1.0, help="the GRPO temperature (task.train)")
+    ap.add_argument("--m", default="2,4", help="Holm's first step over this many tests (comma-separated)")
+    ap.add_argument("--n-boot", type=int, default=400)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    main(args.answers, args.comparisons, [float(x) for x in args.temperatures.split(",")], args.extra, args.runs,
+         args.arm_temperature, [int(x) for x in args.m.split(",")], args.n_boot)
