@@ -2,14 +2,14 @@
 
 The registered primary compares each run with the task SFT model's temperature frontier at the run's own pass@1.
 Where that frontier is steep, a small pass@1 difference between arms becomes a large gap difference, and every
-resample of the items moves the frontier between them (the arm x item term of task-density-609-items came out 8x
-and 23x its projection). Here each GRPO run is also sampled at a few more temperatures, so it traces its own
+resample of the items moves the frontier between them (the arm x item term of task-density-609-items came out 8x and
+23x its projection). Here each GRPO run is also sampled at a few more temperatures, so it traces its own
 pass@1-versus-coverage curve; every run is read on its own curve at one pass@1 (the control arm's mean at the GRPO
 temperature, on the same item draw), and the arms are compared there: coverage at equal pass@1, no SFT frontier in
-the difference. Printed beside it, for the same runs: the registered frontier-gap primary. Both with
-stats.pooled_delta's interval (seeds + items), the MDE at these seeds (Holm's first step over m) and the seeds per
-arm for an MDE of 30% of the control's collapse. A pilot for the design, not a test: its runs' results at the GRPO
-temperature are already known.
+the difference (task_track.matched_draws; task_eval's matched primary, task.eval.primary). Printed beside it, for the
+same runs: the registered frontier-gap primary. Both with stats.pooled_delta's interval (seeds + items), the MDE at
+these seeds (Holm's first step over m) and the seeds per arm for an MDE of 30% of the control's collapse. A pilot for
+the design, not a test: its runs' results at the GRPO temperature are already known.
 
     # from a workspace holding the runs (outs/task_grpo, data/task, outs/tokenizer), answers at T = 1 committed:
     python analysis/task_matched.py reports/experiments/<experiment>/answers.parquet density:checker \
@@ -27,7 +27,7 @@ from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import write_parquet
 from speedrun.data import task
 from speedrun.eval.stats import mde, pooled_delta, runs_needed
-from speedrun.eval.task_track import column_mean, gap_draws, item_draws, per_item, sample_answers
+from speedrun.eval.task_track import column_mean, gap_draws, item_draws, matched_draws, per_item, sample_answers
 from speedrun.train.checkpoint import load_model
 
 K = (1, 16)
@@ -48,38 +48,6 @@ def sample_extra(models: list[str], temperatures: list[float], runs_dir: Path, o
     extra = pd.concat(frames, ignore_index=True)
     write_parquet(out, extra)
     return extra
-
-
-def at_pass1(points: np.ndarray, target: float) -> tuple[float, bool]:
-    """Coverage on one run's curve (rows of (pass@1, coverage), one per temperature) at pass@1 `target`: linear
-    between the neighbouring points in pass@1 order, extended linearly from the nearest two beyond the ends
-    (flagged True: then the reading leans on the curve's slope outside what was sampled)."""
-    pts = points[np.argsort(points[:, 0])]
-    x, y = pts[:, 0], pts[:, 1]
-    if x[0] <= target <= x[-1]:
-        return float(np.interp(target, x, y)), False
-    i = (0, 1) if target < x[0] else (-2, -1)
-    slope = (y[i[1]] - y[i[0]]) / max(x[i[1]] - x[i[0]], 1e-9)
-    return float(y[i[0]] + slope * (target - x[i[0]])), True
-
-
-def matched_draws(curves: dict[str, list[list[pd.DataFrame]]], control: str, t_index: int,
-                  draws: list[np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
-    """[draw, run] coverage at the control's mean pass@1 (at temperature index t_index) for every arm; how many
-    (draw, run) readings needed the curve extended."""
-    out = {arm: [] for arm in curves}
-    outside = 0
-    for rows in draws:
-        target = float(np.mean([column_mean(c[t_index], rows, "pass@1") for c in curves[control]]))
-        for arm, runs in curves.items():
-            row = []
-            for c in runs:
-                pts = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in c])
-                v, ext = at_pass1(pts, target)
-                row.append(v)
-                outside += ext
-            out[arm].append(row)
-    return {arm: np.array(v) for arm, v in out.items()}, outside
 
 
 def report(name: str, a: np.ndarray, b: np.ndarray, collapse: float, ms: list[int]) -> None:
@@ -123,11 +91,10 @@ def main(answers: str, comparisons: list[str], temperatures: list[float], extra_
         a, b = comp.split(":")
         gaps = {x: gap_draws(sft, [c[t_index] for c in curves[x]], draws) for x in (a, b)}
         collapse = -float(gaps[b][0].mean())
-        matched, outside = matched_draws({a: curves[a], b: curves[b]}, b, t_index, draws)
-        n_read = len(draws) * (len(curves[a]) + len(curves[b]))
+        matched, extended = matched_draws({a: curves[a], b: curves[b]}, b, t_index, draws)
         print(f"{comp} ({b}'s collapse below the SFT frontier {collapse:.3f}):")
         report("frontier gap (the registered primary)", gaps[a], gaps[b], collapse, ms)
-        report(f"coverage at {b}'s pass@1 (each run's own curve; {outside / n_read:.1%} of readings extended)",
+        report(f"coverage at {b}'s pass@1 (each run's own curve; {extended:.1%} of readings extended)",
                matched[a], matched[b], collapse, ms)
 
 

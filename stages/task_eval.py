@@ -1,11 +1,12 @@
 """Stage task_eval: the task track's checks, ahead of any density verdict. Every model answers every held-out item
 task.eval.samples times (the task SFT model at each of task.eval.temperatures, every arm x seed at the GRPO
-temperature); per model and cluster: pass@1, pass@k, coverage, right-answer entropy, top-phrasing share, and the
-answers' semantic diversity (a sentence encoder, shown where it orders the SFT model's temperatures). Then:
-does an arm lie below the SFT model's temperature frontier (collapse, not sharpening)? Did the density arm move the
-cluster mix (the manipulation check)? Each task.eval.comparisons pair (density against uniform): Δ coverage beyond
-the frontier, pass@1 non-inferiority, the MDE and the seeds it would need. With compute.nproc > 1 the models are
-shared over that many processes (torchrun), with the same output as one.
+temperature and at task.eval.run_temperatures); per model and cluster: pass@1, pass@k, coverage, right-answer
+entropy, top-phrasing share, and the answers' semantic diversity (a sentence encoder, shown where it orders the SFT
+model's temperatures). Then: does an arm lie below the SFT model's temperature frontier (collapse, not sharpening)?
+Did the density arm move the cluster mix (the manipulation check)? Each task.eval.comparisons pair (density against
+uniform): Δ coverage beyond the frontier (and, with run temperatures, at equal pass@1 on each run's own curve;
+task.eval.primary is the one called), pass@1 non-inferiority, the MDE and the seeds it would need. With
+compute.nproc > 1 the models are shared over that many processes (torchrun), with the same output as one.
 -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
 import pandas as pd
 
@@ -43,16 +44,21 @@ def main(p, io) -> None:
         model, _ = load_model(ckpt, d.device, tok.digest)
         return sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, d.device)
 
+    arm_t = p.task.train.temperature
+    run_ts = [arm_t] + sorted(set(c.run_temperatures) - {arm_t})  # the GRPO temperature first, then the others
     jobs = [("task_sft", io.sft_dir, t) for t in c.temperatures]
-    jobs += [(f"{arm}_s{s}", io.runs_dir / f"{arm}_s{s}", p.task.train.temperature)
-             for arm in p.task.run for s in p.task.seeds]
+    jobs += [(f"{arm}_s{s}", io.runs_dir / f"{arm}_s{s}", t)
+             for t in run_ts for arm in p.task.run for s in p.task.seeds]
     done = iter(distributed.map_jobs(answers, jobs, d))  # each model on one rank; rank 0 goes on alone
     distributed.teardown()
     if not d.is_main:
         return
     dev = d.device
     sft = {t: next(done) for t in c.temperatures}
-    runs = {arm: [next(done) for _ in p.task.seeds] for arm in p.task.run}
+    by_t = {t: {arm: [next(done) for _ in p.task.seeds] for arm in p.task.run} for t in run_ts}
+    runs = by_t[arm_t]
+    curves = {arm: [{t: by_t[t][arm][i] for t in run_ts} for i in range(len(p.task.seeds))]
+              for arm in p.task.run} if len(run_ts) > 1 else None
     result = {"items": len(items), "clusters": task.cluster_sizes(items, "eval"), "samples": c.samples,
               "arm_temperature": p.task.train.temperature,
               "sft": {str(t): summary(a, k_values) for t, a in sft.items()},
@@ -60,7 +66,8 @@ def main(p, io) -> None:
                              "runs": [summary(a, k_values) for a in frames]} for arm, frames in runs.items()},
               "frontier_gap": frontier_gaps(sft, runs, c.n_boot, p.seed, k_values),
               "comparisons": compare_arms(sft, runs, c.comparisons, c.n_boot, p.seed, k_values, c.pass1_margin,
-                                          c.mde_share),
+                                          c.mde_share, curves, arm_t, c.primary),
+              "run_temperatures": run_ts[1:],
               "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
               "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
                            for arm in p.task.run}}
@@ -76,7 +83,7 @@ def main(p, io) -> None:
         task_kind = read_json(io.rm_metrics)["by_kind"].get("task")
         result["rm"] = task_kind and {k: task_kind[k] for k in ("pairs", "acc", "margin", "baseline_acc",
                                                                  "sft_logprob_acc")}
-    write_parquet(io.answers, pd.concat([*sft.values(), *(f for fs in runs.values() for f in fs)],
+    write_parquet(io.answers, pd.concat([*sft.values(), *(f for t in run_ts for fs in by_t[t].values() for f in fs)],
                                         ignore_index=True))
     write_json(io.metrics, result)
     text = report(result)

@@ -77,6 +77,8 @@ def test_the_committed_params_load_and_every_knob_has_help():
                                           "grpo.run"),
     ("task.eval.comparisons=['density:density']", "task.eval.comparisons[0]: 'density:density' must be 'a:b'"),
     ("task.run=[checker, nope]", "task.run[1]: 'nope' is not one of task.variants"),
+    ("task.eval.primary=matched", "task.eval.primary: matched reads each run on its own temperature curve"),
+    ("task.eval.run_temperatures=[0.75]", "task.eval.run_temperatures: must include task.train.temperature (1)"),
 ])
 def test_a_bad_override_names_its_key(override, message):
     with pytest.raises(params.ParamsError, match=re.escape(message)):

@@ -40,6 +40,7 @@ MICRO_DAG = {
     "task.rm.eval_every": 2, "task.rm.warmup_steps": 1, "task.seeds": [1, 2], "task.train.steps": 2,
     "task.train.prompts_per_step": 2, "task.train.group_size": 2, "task.train.max_new_tokens": 6,
     "task.eval.samples": 2, "task.eval.max_new_tokens": 6, "task.eval.temperatures": [0.5, 1.0], "task.eval.n_boot": 20,
+    "task.eval.run_temperatures": [1.0, 1.5], "task.eval.primary": "matched",  # the stage's matched path
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
     "adversarial.data.val_pure_rows": 4, "adversarial.data.batch_size": 16, "adversarial.rm.steps": 4,
     "adversarial.rm.batch_size": 4, "adversarial.rm.eval_every": 2, "adversarial.grpo.prompts": 8,
@@ -149,9 +150,12 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert {"pass@1", "pass@2", "coverage", "entropy", "top_phrasing_share"} <= set(task_result["sft"]["1.0"]["all"])
     assert set(task_result["frontier_gap"]["checker"]) >= {"gap", "ci_low", "ci_high", "collapsed"}
     density = task_result["comparisons"]["density:checker"]  # the default density-against-uniform comparison
-    assert {"value", "ci_low", "ci_high", "p_holm", "mde"} <= set(density["gap"]) and "verdict" in density["pass@1"]
+    assert {"value", "ci_low", "ci_high", "mde"} <= set(density["gap"]) and "verdict" in density["pass@1"]
+    assert density["primary"] == "matched" and {"p_holm", "extended_share"} <= set(density["matched"])
+    assert task_result["run_temperatures"] == [1.5] and "p_holm" not in density["gap"]
     task_md = (repo / "reports/task.md").read_text()
     assert "Manipulation check" in task_md and "## Semantic diversity (a sentence encoder)" in task_md
+    assert "Coverage at equal pass@1 (the primary)" in task_md
     sem = task_result["semantic"]  # every model's, with the temperature control the report reads first
     assert set(sem["sft"]) == {"0.5", "1.0"} and set(sem["arms"]) == set(task_result["arms"])
     assert set(sem["control"]) == {"rho", "bar", "passed"} and 0 <= sem["sft"]["1.0"]["all"] <= 2

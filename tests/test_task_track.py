@@ -8,7 +8,7 @@ import torch
 from speedrun.data import task
 from speedrun.eval.task_report import manipulation, tv
 from speedrun.eval.task_compare import compare_arms
-from speedrun.eval.task_track import entropy_bits, frontier_at, frontier_gaps, per_item, summary
+from speedrun.eval.task_track import at_pass1, entropy_bits, frontier_at, frontier_gaps, per_item, summary
 from speedrun.rl.controls import shuffle_within_groups
 from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, word_embeddings
 
@@ -203,6 +203,41 @@ def test_arm_comparison_calls_a_coverage_difference_and_not_a_null():
     assert set(pos["clusters"]) == {"letters", "numbers"} and pos["clusters"]["letters"]["value"] > 0
     assert pos["gap"]["collapse"] > 0 and pos["gap"]["mde"] > 0 and pos["gap"]["seeds_needed"] is not None
     assert pos["pass@1"]["gain"] == pytest.approx(0.6 - 0.5, abs=0.1) and pos["pass@1"]["verdict"] == "non-inferior"
+
+
+def test_matched_reading_compares_arms_at_equal_pass1_on_their_own_curves():
+    """Each run sampled at three temperatures. Negative control: an arm that is the control's model run cooler (its
+    curve is the control's, shifted) keeps as many right answers at equal pass@1: not called, though it sits at a
+    higher pass@1. Positive control: an arm that always gives one right answer at every temperature: called."""
+    ids = [f"i{k:03d}" for k in range(80)]
+    vals = [str(v) for v in range(6)]
+
+    def draw(p_right: float, spread: int, seed: int) -> pd.DataFrame:
+        r = np.random.default_rng(seed)
+        return pd.concat([answers_frame(f"m{seed}", {i: [vals[r.integers(spread)] if r.random() < p_right else None
+                                                         for _ in range(8)]}) for i in ids], ignore_index=True)
+
+    curve = [(0.8, 3), (0.7, 4), (0.6, 6), (0.5, 6)]  # (pass@1, distinct right answers) from cool to hot
+    ts = (0.75, 1.0, 1.25)
+
+    def runs(offset: int, base: int, narrow: bool = False) -> list[dict]:
+        return [{t: draw(curve[offset + j][0], 1 if narrow else curve[offset + j][1], base + 10 * s + j)
+                 for j, t in enumerate(ts)} for s in range(5)]
+
+    curves = {"uniform": runs(1, 100), "cooler": runs(0, 200), "narrow": runs(1, 300, narrow=True)}
+    arms = {a: [c[1.0] for c in cs] for a, cs in curves.items()}
+    sft = {0.5: draw(0.8, 3, 1), 1.0: draw(0.6, 6, 2)}
+    out = compare_arms(sft, arms, ["cooler:uniform", "narrow:uniform"], 200, 0, (1, 8), 0.5, 0.3, curves, 1.0,
+                       "matched")
+    neg, pos = out["cooler:uniform"], out["narrow:uniform"]
+    assert neg["primary"] == "matched" and "p_holm" not in neg["gap"]
+    assert neg["pass@1"]["value"] > 0.05  # the arms differ in pass@1 at the GRPO temperature ...
+    assert not neg["matched"]["called"] and neg["matched"]["ci_low"] < 0 < neg["matched"]["ci_high"]  # ... not here
+    assert pos["matched"]["called"] and pos["matched"]["value"] < -1.5 and pos["matched"]["extended_share"] < 0.5
+    assert at_pass1(np.array([[0.6, 2.0], [0.4, 4.0]]), 0.5) == (pytest.approx(3.0), False)
+    assert at_pass1(np.array([[0.6, 2.0], [0.4, 4.0]]), 0.7) == (pytest.approx(1.0), True)  # extended, flagged
+    with pytest.raises(ValueError, match="run_temperatures"):
+        compare_arms(sft, arms, ["narrow:uniform"], 20, 0, (1, 8), 0.5, 0.3, primary="matched")
 
 
 def test_gsm8k_items_from_a_hub_mirror_are_checked_and_held_out_by_split(tmp_path):

@@ -36,8 +36,15 @@ class TaskEvalConfig:
     temperatures: list[float] = knob("the task SFT model is sampled at each: its pass@1-versus-coverage frontier "
                                      "(the arms are sampled at task.train.temperature)", gt=0)
     n_boot: int = knob("bootstrap draws over eval items for the intervals", ge=1)
-    comparisons: list[str] = knob("'treatment:control' pairs of task.run arms tested on the primary, Δ coverage beyond "
-                                  "the SFT frontier (Holm over the pairs); the control samples uniformly")
+    run_temperatures: list[float] = knob("every arm x seed is sampled at each, task.train.temperature among them (its "
+                                         "reading); more than one: each run's own pass@1-versus-coverage curve, for "
+                                         "the matched reading", gt=0)
+    comparisons: list[str] = knob("'treatment:control' pairs of task.run arms tested on the primary (Holm over the "
+                                  "pairs); the control samples uniformly")
+    primary: Literal["gap", "matched"] = knob(
+        "the comparisons' primary: gap = Δ coverage beyond the SFT frontier at each run's own pass@1 | matched = Δ "
+        "coverage at equal pass@1, each run read on its own temperature curve at the control's pass@1 (needs "
+        "run_temperatures)")
     pass1_margin: float = knob("pass@1 non-inferiority margin, as a share of the control arm's pass@1 gain over the "
                                "task SFT model at T=1", ge=0)
     mde_share: float = knob("power target: the report gives the seeds per arm for an MDE of this share of the "

@@ -46,21 +46,25 @@ def chat_rows(root: Path, members: list[dict]) -> list[str]:
 
 
 def task_rows(root: Path, members: list[dict]) -> list[str]:
-    """One row per task-track member: Δ frontier gap [95% CI], MDE, unadjusted p and Holm p over the whole family."""
+    """One row per task-track member: Δ on its primary (the frontier gap, or coverage at equal pass@1: matched)
+    [95% CI], MDE, unadjusted p and Holm p over the whole family."""
     results = {}
     for m in members:
         path = root / m["experiment"] / "metrics/task.json"  # absent while the plan is committed and the run is not
         r = json.loads(path.read_text()) if path.exists() else None
-        results[(m["experiment"], m["comparison"])] = r["comparisons"][m["comparison"]]["gap"] if r else None
+        comp = r["comparisons"][m["comparison"]] if r else None
+        results[(m["experiment"], m["comparison"])] = comp and comp[comp.get("primary", "gap")] | {
+            "matched": comp.get("primary") == "matched"}
     adjusted = holm({f"{e}/{c}": g["p"] for (e, c), g in results.items() if g})
-    rows = ["| experiment | comparison | Δ coverage beyond the frontier [95% CI] | MDE (of the collapse) | p | "
-            "family Holm p |", "|---|---|---|---:|---:|---:|"]
+    rows = ["| experiment | comparison | Δ coverage beyond the frontier (at equal pass@1 where marked) [95% CI] | "
+            "MDE (of the collapse) | p | family Holm p |", "|---|---|---|---:|---:|---:|"]
     for (e, c), g in results.items():
         if g is None:
             rows.append(f"| [{e}]({e}) | {c} | planned, not run yet | | | |")
             continue
         p = adjusted[f"{e}/{c}"]
-        rows.append(f"| [{e}]({e}) | {c} | {_ci(g['value'], g['ci_low'], g['ci_high'])} | {g['mde']:.3f} "
+        rows.append(f"| [{e}]({e}) | {c} | {'matched ' if g['matched'] else ''}"
+                    f"{_ci(g['value'], g['ci_low'], g['ci_high'])} | {g['mde']:.3f} "
                     f"({g['mde'] / g['collapse']:.0%}) | {g['p']:.3f} | {p:.3f}{' **called**' if p <= ALPHA else ''} |")
     return rows
 

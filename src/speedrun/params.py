@@ -113,6 +113,13 @@ def cross_check(p: Params, where: str) -> None:
             if len(sides) != 2 or sides[0] == sides[1] or any(s not in run for s in sides):
                 _fail(where, f"{key}[{i}]", f"{comp!r} must be 'a:b', two different arms of "
                       f"{'grpo.run' if key == 'eval.comparisons' else 'task.run'} ({', '.join(run)})")
+    e, arm_t = p.task.eval, p.task.train.temperature
+    if arm_t not in e.run_temperatures:
+        _fail(where, "task.eval.run_temperatures", f"must include task.train.temperature ({arm_t:g}): the runs' own "
+              "reading")
+    if e.primary == "matched" and len(e.run_temperatures) < 2:
+        _fail(where, "task.eval.primary", "matched reads each run on its own temperature curve: give "
+              "task.eval.run_temperatures temperatures besides task.train.temperature")
 
 
 def _fail(where: str, key: str, message: str) -> typing.NoReturn:

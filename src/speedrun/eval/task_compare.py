@@ -1,6 +1,10 @@
 """The task track's arm comparisons (task.eval.comparisons): does a sampling arm keep more right answers than uniform
-sampling with the same reward? Primary: Δ of the frontier gap (coverage beyond the task SFT model's temperature
-frontier at the run's own pass@1, task_track.gap_draws), with stats.pooled_delta's interval over seeds and items."""
+sampling with the same reward? Two readings, with stats.pooled_delta's interval over seeds and items: gap = Δ of the
+frontier gap (coverage beyond the task SFT model's temperature frontier at the run's own pass@1,
+task_track.gap_draws); matched = Δ coverage at equal pass@1, each run read on its own temperature curve at the control
+arm's pass@1 (task_track.matched_draws; runs sampled at several temperatures). task.eval.primary names the one that
+is Holm-corrected and called: where the SFT frontier is steep, the gap moves with an arm's pass@1 difference times
+the frontier's slope on every resample of the items; the matched reading has no frontier in the difference."""
 from __future__ import annotations
 
 import math
@@ -9,16 +13,23 @@ import numpy as np
 import pandas as pd
 
 from speedrun.eval.stats import ALPHA, holm, mde, non_inferiority, permutation_p, pooled_delta, runs_needed
-from speedrun.eval.task_track import column_mean, gap_draws, item_draws, per_item
+from speedrun.eval.task_track import column_mean, gap_draws, item_draws, matched_draws, per_item
 
 
 def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFrame]], comparisons: list[str],
-                 n_boot: int, seed: int, k_values: tuple[int, ...], margin_share: float, mde_share: float) -> dict:
+                 n_boot: int, seed: int, k_values: tuple[int, ...], margin_share: float, mde_share: float,
+                 curves: dict[str, list[dict[float, pd.DataFrame]]] | None = None, arm_temperature: float = 1.0,
+                 primary: str = "gap") -> dict:
     """Each "a:b" of `comparisons` (a treatment against b, its uniform-sampling arm): Δ of the frontier gap overall
     (the primary: Holm over the comparisons) and per cluster (each cluster's own frontier; secondary), with
     stats.pooled_delta's interval (seeds + items), a permutation p over runs, the MDE at these seeds and the seeds
     per arm for an MDE of `mde_share` x b's collapse (its gap below the frontier). pass@1 under non-inferiority:
-    margin = margin_share x b's pass@1 gain over the SFT model at T = 1 (0 where there is no gain)."""
+    margin = margin_share x b's pass@1 gain over the SFT model at T = 1 (0 where there is no gain). With `curves`
+    (per arm and run, its answers at each temperature, arm_temperature among them): the matched reading too, and
+    `primary` ("gap" or "matched") is the one Holm-corrected and called."""
+    if primary == "matched" and not curves:
+        raise ValueError("the matched primary needs every run sampled at several temperatures "
+                         "(task.eval.run_temperatures)")
     tables = {t: per_item(a, k_values) for t, a in sft.items()}
     runs = {arm: [per_item(a, k_values) for a in frames] for arm, frames in arms.items()}
     first = next(iter(tables.values()))
@@ -37,11 +48,12 @@ def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFra
                 res["clusters"][name] = d
                 continue
             collapse = -float(gb[0].mean())
-            m = len(comparisons)
-            res["gap"] = d | {"collapse": round(collapse, 4), "permutation": permutation_p(ga[0], gb[0], seed=seed),
-                              "mde": round(mde(d["between_var"], d["prompt_var"], len(ga[0]), len(ga[0]), m), 4),
-                              "seeds_needed": runs_needed(d["between_var"], d["prompt_var"], len(ga[0]),
-                                                          mde_share * collapse, m) if collapse > 0 else None}
+            res["gap"] = _reading(d, ga[0], gb[0], collapse, len(comparisons), mde_share, seed)
+            if curves:
+                tabs = {x: [[per_item(run[t], k_values) for t in sorted(run)] for run in curves[x]] for x in (a, b)}
+                ma, ext = matched_draws(tabs, b, sorted(curves[b][0]).index(arm_temperature), draws)
+                res["matched"] = _reading(_delta(ma[a], ma[b]), ma[a][0], ma[b][0], collapse, len(comparisons),
+                                          mde_share, seed) | {"extended_share": round(ext, 4)}
             pa, pb = (np.array([[column_mean(t, r, "pass@1") for t in runs[x]] for r in draws]) for x in (a, b))
             gain = float(pb[0].mean()) - sft1
             margin = margin_share * max(gain, 0.0)
@@ -49,11 +61,23 @@ def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFra
             res["pass@1"] = p1 | {"gain": round(gain, 4), "margin": round(margin, 4),
                                   "verdict": non_inferiority(p1["ci_low"], p1["ci_high"], margin)}
         out[comp] = res
-    adjusted = holm({c: r["gap"]["p"] for c, r in out.items()})
+    adjusted = holm({c: r[primary]["p"] for c, r in out.items()})
     for c, r in out.items():
-        r["gap"]["p_holm"] = round(adjusted[c], 4)
-        r["gap"]["called"] = bool(adjusted[c] <= ALPHA)
+        r["primary"] = primary
+        r[primary]["p_holm"] = round(adjusted[c], 4)
+        r[primary]["called"] = bool(adjusted[c] <= ALPHA)
     return out
+
+
+def _reading(d: dict, point_a: np.ndarray, point_b: np.ndarray, collapse: float, m: int, mde_share: float,
+             seed: int) -> dict:
+    """One reading's Δ with its permutation p over runs, the MDE at these seeds (Holm's first step over m) and the
+    seeds per arm for an MDE of mde_share x the control's collapse."""
+    r = len(point_a)
+    return d | {"collapse": round(collapse, 4), "permutation": permutation_p(point_a, point_b, seed=seed),
+                "mde": round(mde(d["between_var"], d["prompt_var"], r, r, m), 4),
+                "seeds_needed": runs_needed(d["between_var"], d["prompt_var"], r, mde_share * collapse, m)
+                if collapse > 0 else None}
 
 
 def _delta(a: np.ndarray, b: np.ndarray) -> dict:

@@ -93,14 +93,28 @@ def _ci(d: dict, digits: int = 3) -> str:
     return f"{d['value']:+.{digits}f} [{d['ci_low']:+.{digits}f}, {d['ci_high']:+.{digits}f}]"
 
 
+def _primary(comps: dict) -> str:
+    return next(iter(comps.values())).get("primary", "gap")
+
+
+def _reading(g: dict) -> str:
+    """Δ [CI] | Holm p (the primary only) | permutation p | MDE (share of the collapse) | seeds for the target."""
+    share = f"{g['mde']:.3f} " + (f"({g['mde'] / g['collapse']:.0%})" if g["collapse"] > 0 else "(no collapse)")
+    perm = g["permutation"]["p"]
+    holm_p = f"{g['p_holm']:.3f}{' **called**' if g['called'] else ''}" if "p_holm" in g else "— (secondary)"
+    return (f"{_ci(g)} | {holm_p} | {'—' if perm is None else f'{perm:.3f}'} | {share} | "
+            f"{g['seeds_needed'] or '> 64'}")
+
+
 def comparison_section(r: dict) -> list[str]:
     """Each task.eval.comparisons pair: Δ of the frontier gap (primary, Holm), per cluster, pass@1 non-inferiority."""
     comps = r.get("comparisons") or {}
     if not comps:
         return []
     lines = ["", "## Sampling arms against uniform (task.eval.comparisons)", "",
-             "Primary: Δ of the frontier gap over all held-out items (coverage beyond the SFT frontier at the run's "
-             "own pass@1; > 0 = the treatment keeps more right answers), Holm over the comparisons at 0.05; the "
+             f"{'Secondary' if _primary(comps) == 'matched' else 'Primary'}: Δ of the frontier gap over all held-out "
+             "items (coverage beyond the SFT frontier at the run's own pass@1; > 0 = the treatment keeps more right "
+             "answers), Holm over the comparisons at 0.05 when it is the primary; the "
              "interval counts seeds and items (stats.pooled_delta); MDE at 80% power and these seeds. collapse = the "
              "uniform arm's gap below the frontier. pass@1: non-inferior when the interval's lower end lies above "
              f"−margin, margin = {r['pass1_margin_share']:g} x the uniform arm's pass@1 gain over the SFT model at "
@@ -110,11 +124,20 @@ def comparison_section(r: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in comps.values():
         g, p1 = c["gap"], c["pass@1"]
-        share = f"{g['mde']:.3f} " + (f"({g['mde'] / g['collapse']:.0%})" if g["collapse"] > 0 else "(no collapse)")
-        perm = g["permutation"]["p"]
-        lines.append(f"| {c['treatment']} − {c['control']} | {_ci(g)} | {g['p_holm']:.3f}"
-                     f"{' **called**' if g['called'] else ''} | {'—' if perm is None else f'{perm:.3f}'} | {share} | "
-                     f"{g['seeds_needed'] or '> 64'} | {_ci(p1)} | {p1['margin']:.3f} | {p1['verdict']} |")
+        lines.append(f"| {c['treatment']} − {c['control']} | {_reading(g)} | {_ci(p1)} | {p1['margin']:.3f} | "
+                     f"{p1['verdict']} |")
+    if any("matched" in c for c in comps.values()):
+        lines += ["", f"Coverage at equal pass@1 ({'the primary' if _primary(comps) == 'matched' else 'secondary'}):"
+                  f" each run sampled also at T = {', '.join(f'{t:g}' for t in r['run_temperatures'])} traces its own "
+                  "pass@1-versus-coverage curve, read at the control arm's mean pass@1 (extended linearly past its "
+                  "ends where needed: the share of such readings is shown); Δ > 0 = the treatment keeps more right "
+                  "answers at the same pass@1.", "",
+                  "| comparison | Δ coverage at equal pass@1 [95% CI] | Holm p | permutation p | MDE (of collapse) | "
+                  f"seeds/arm for MDE ≤ {r['mde_share']:.0%} | readings extended |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for c in comps.values():
+            m = c["matched"]
+            lines.append(f"| {c['treatment']} − {c['control']} | {_reading(m)} | {m['extended_share']:.0%} |")
     lines += ["", "Per cluster (secondary, each cluster's own frontier, unadjusted; small clusters have wide "
               "intervals):",
               "", "| comparison | " + " | ".join(next(iter(comps.values()))["clusters"]) + " |",

@@ -97,6 +97,39 @@ def gap_draws(sft: list[pd.DataFrame], runs: list[pd.DataFrame], draws: list[np.
     return np.array(out)
 
 
+def at_pass1(points: np.ndarray, target: float) -> tuple[float, bool]:
+    """Coverage on one run's own curve (rows of (pass@1, coverage), one per temperature) at pass@1 `target`: linear
+    between neighbouring points in pass@1 order; beyond the ends, extended linearly from the nearest two (flagged
+    True: the reading then leans on the curve's slope outside what was sampled)."""
+    pts = points[np.argsort(points[:, 0])]
+    x, y = pts[:, 0], pts[:, 1]
+    if x[0] <= target <= x[-1]:
+        return float(np.interp(target, x, y)), False
+    i, j = (0, 1) if target < x[0] else (-2, -1)
+    slope = (y[j] - y[i]) / max(x[j] - x[i], 1e-9)
+    return float(y[i] + slope * (target - x[i])), True
+
+
+def matched_draws(curves: dict[str, list[list[pd.DataFrame]]], control: str, t_index: int,
+                  draws: list[np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    """Coverage at matched pass@1: per arm a [draw, run] matrix of each run's coverage on its own temperature curve
+    (curves[arm][run]: per-item tables, one per temperature) at the control arm's mean pass@1 at temperature index
+    t_index, on the same item rows of each draw; and the share of readings that extended a curve."""
+    out: dict[str, list[list[float]]] = {arm: [] for arm in curves}
+    extended, n = 0, 0
+    for rows in draws:
+        target = float(np.mean([column_mean(c[t_index], rows, "pass@1") for c in curves[control]]))
+        for arm, runs in curves.items():
+            row = []
+            for c in runs:
+                pts = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in c])
+                value, ext = at_pass1(pts, target)
+                row.append(value)
+                extended, n = extended + ext, n + 1
+            out[arm].append(row)
+    return {arm: np.array(v) for arm, v in out.items()}, extended / max(n, 1)
+
+
 def item_draws(n_items: int, n_boot: int, seed: int, tag: str) -> list[np.ndarray]:
     """The identity, then n_boot seeded bootstrap draws of item rows: shared by every model compared."""
     rng = np.random.default_rng(stable_seed(tag, seed))
