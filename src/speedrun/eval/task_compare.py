@@ -21,12 +21,12 @@ def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFra
                  curves: dict[str, list[dict[float, pd.DataFrame]]] | None = None, arm_temperature: float = 1.0,
                  primary: str = "gap") -> dict:
     """Each "a:b" of `comparisons` (a treatment against b, its uniform-sampling arm): Δ of the frontier gap overall
-    (the primary: Holm over the comparisons) and per cluster (each cluster's own frontier; secondary), with
-    stats.pooled_delta's interval (seeds + items), a permutation p over runs, the MDE at these seeds and the seeds
-    per arm for an MDE of `mde_share` x b's collapse (its gap below the frontier). pass@1 under non-inferiority:
-    margin = margin_share x b's pass@1 gain over the SFT model at T = 1 (0 where there is no gain). With `curves`
-    (per arm and run, its answers at each temperature, arm_temperature among them): the matched reading too, and
-    `primary` ("gap" or "matched") is the one Holm-corrected and called."""
+    (the primary unless `primary` is "matched": Holm over the comparisons) and per cluster (each cluster's own
+    frontier; secondary), with stats.pooled_delta's interval (seeds + items), a permutation p over runs, the MDE at
+    these seeds and the seeds per arm for an MDE of `mde_share` x b's collapse (its gap below the frontier). pass@1
+    under non-inferiority: margin = margin_share x b's pass@1 gain over the SFT model at T = 1 (0 where there is no
+    gain). With `curves` (per arm and run, its answers at each temperature, arm_temperature among them): the matched
+    reading too, and `primary` ("gap" or "matched") is the one Holm-corrected and called."""
     if primary == "matched" and not curves:
         raise ValueError("the matched primary needs every run sampled at several temperatures "
                          "(task.eval.run_temperatures)")

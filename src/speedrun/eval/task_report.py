@@ -107,7 +107,8 @@ def _reading(g: dict) -> str:
 
 
 def comparison_section(r: dict) -> list[str]:
-    """Each task.eval.comparisons pair: Δ of the frontier gap (primary, Holm), per cluster, pass@1 non-inferiority."""
+    """Each task.eval.comparisons pair: Δ of the frontier gap, Δ coverage at equal pass@1 where the runs were sampled
+    at several temperatures (the primary, Holm, is task.eval.primary's), per cluster, pass@1 non-inferiority."""
     comps = r.get("comparisons") or {}
     if not comps:
         return []
