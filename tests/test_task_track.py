@@ -114,6 +114,17 @@ def answers_frame(model: str, item_answers: dict[str, list[str | None]], cluster
     return pd.DataFrame(rows)
 
 
+def planted(model: str, n_items: int, p_right: float, spread: int, seed: int, letters_from: int | None = None
+            ) -> pd.DataFrame:
+    """8 answers per item: right with probability p_right, then one of `spread` values; items from letters_from on
+    are in the letters cluster (None: all numbers)."""
+    r, vals = np.random.default_rng(seed), [str(v) for v in range(6)]
+    return pd.concat([answers_frame(model, {f"i{k:03d}": [vals[r.integers(spread)] if r.random() < p_right else None
+                                                          for _ in range(8)]},
+                                    "letters" if letters_from is not None and k >= letters_from else "numbers")
+                      for k in range(n_items)], ignore_index=True)
+
+
 def test_per_item_metrics_pass_coverage_and_entropy():
     df = answers_frame("m", {"a": ["1", "1", "2", None], "b": [None] * 4})
     t = per_item(df, (1, 4))
@@ -127,23 +138,14 @@ def test_per_item_metrics_pass_coverage_and_entropy():
 def test_frontier_check_calls_collapse_below_and_not_along_the_frontier():
     """Positive control: an arm right as often as SFT at T=1 but always with the same answer lies below the frontier.
     Negative control: an arm that is the SFT model at another temperature lies on it."""
-    rng = np.random.default_rng(0)
-    vals = [str(v) for v in range(6)]
-    ids = [f"i{k:03d}" for k in range(60)]
-
-    def draw(p_right: float, spread: int, seed: int) -> dict[str, list]:
-        r = np.random.default_rng(seed)
-        return {i: [vals[r.integers(spread)] if r.random() < p_right else None for _ in range(8)] for i in ids}
-
-    sft = {0.5: answers_frame("sft", draw(0.8, 3, 1)), 1.0: answers_frame("sft", draw(0.5, 6, 2))}
-    collapsed = [answers_frame(f"c{s}", draw(0.5, 1, 10 + s)) for s in range(3)]
-    along = [answers_frame(f"a{s}", draw(0.5, 6, 20 + s)) for s in range(3)]
+    sft = {0.5: planted("sft", 60, 0.8, 3, 1), 1.0: planted("sft", 60, 0.5, 6, 2)}
+    collapsed = [planted(f"c{s}", 60, 0.5, 1, 10 + s) for s in range(3)]
+    along = [planted(f"a{s}", 60, 0.5, 6, 20 + s) for s in range(3)]
     g = frontier_gaps(sft, {"collapsed": collapsed, "along": along}, 200, 0, (1, 8))
     assert g["collapsed"]["collapsed"] and g["collapsed"]["gap"] < -1
     assert not g["along"]["collapsed"] and g["along"]["ci_low"] < 0 < g["along"]["ci_high"]
     assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.4) == pytest.approx(2.0)
     assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.9) == 1.0  # beyond the end: the end
-    del rng
 
 
 def test_manipulation_check_needs_moved_weights_and_draws_beyond_seed_spread():
@@ -183,15 +185,8 @@ def test_the_rm_arm_refuses_a_reward_model_that_never_saw_the_task(tmp_path):
 def test_arm_comparison_calls_a_coverage_difference_and_not_a_null():
     """Positive control: an arm that keeps every right answer beats one that always gives the same one, at the same
     pass@1 (Δ gap > 0, called, pass@1 non-inferior). Negative control: two arms drawn alike are not called."""
-    ids = [f"i{k:03d}" for k in range(60)]
-    vals = [str(v) for v in range(6)]
-
-    def draw(p_right: float, spread: int, seed: int, cluster: str = "numbers") -> pd.DataFrame:
-        r = np.random.default_rng(seed)
-        frames = [answers_frame(f"m{seed}", {i: [vals[r.integers(spread)] if r.random() < p_right else None
-                                                 for _ in range(8)]}, "numbers" if k < 40 else "letters")
-                  for k, i in enumerate(ids)]
-        return pd.concat(frames, ignore_index=True)
+    def draw(p_right: float, spread: int, seed: int) -> pd.DataFrame:
+        return planted(f"m{seed}", 60, p_right, spread, seed, letters_from=40)
 
     sft = {0.5: draw(0.8, 3, 1), 1.0: draw(0.5, 6, 2)}
     arms = {"spread": [draw(0.6, 6, 10 + s) for s in range(4)], "same": [draw(0.6, 1, 20 + s) for s in range(4)],
@@ -209,13 +204,8 @@ def test_matched_reading_compares_arms_at_equal_pass1_on_their_own_curves():
     """Each run sampled at three temperatures. Negative control: an arm that is the control's model run cooler (its
     curve is the control's, shifted) keeps as many right answers at equal pass@1: not called, though it sits at a
     higher pass@1. Positive control: an arm that always gives one right answer at every temperature: called."""
-    ids = [f"i{k:03d}" for k in range(80)]
-    vals = [str(v) for v in range(6)]
-
     def draw(p_right: float, spread: int, seed: int) -> pd.DataFrame:
-        r = np.random.default_rng(seed)
-        return pd.concat([answers_frame(f"m{seed}", {i: [vals[r.integers(spread)] if r.random() < p_right else None
-                                                         for _ in range(8)]}) for i in ids], ignore_index=True)
+        return planted(f"m{seed}", 80, p_right, spread, seed)
 
     curve = [(0.8, 3), (0.7, 4), (0.6, 6), (0.5, 6)]  # (pass@1, distinct right answers) from cool to hot
     ts = (0.75, 1.0, 1.25)
