@@ -87,54 +87,14 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             t_sample = time.perf_counter() - t0
             adv_all = group_advantages(rewards, G, scale=cfg.adv_scale)
             adv = adv_all[rows].to(device)
-            # a truncated completion was scored mid-sentence; masking it (TRL's mask_truncated_completions) keeps it
-            # in its group's advantages but out of the gradient
-            truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
-                torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
-            loss_mask = s.mask * (~truncated)[:, None] if cfg.truncated == "mask" else s.mask
-            # per completion: tokens, summed sampling log-probs, truncated; over all ranks
-            per_row = all_gather_cat(torch.stack([s.mask.sum(1), (s.logprobs * s.mask).sum(1),
-                                                  truncated.float()], 1), d).cpu()
-            n_loss = float(all_reduce_sum(loss_mask.sum().detach().clone(), d))
+            loss_mask, per_row, n_loss = masks(s, stop_id, cfg, d)
             policy.train()
-            stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
-            for _ in range(cfg.inner_updates if n_loss > 0 else 0):  # every completion masked: no update
-                for grp in opt.param_groups:
-                    grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
-                with autocast(device, cfg.bf16):
-                    out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
-                                            entropy=cfg.entropy_bonus > 0, **sample_kw)
-                logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
-                loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
-                                         cfg.beta, normaliser=n_loss) if loss_mask.any() else \
-                    ((logp * 0).sum(), dict.fromkeys(stats, 0.0))  # a rank with no token still joins the all-reduce
-                if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
-                    loss = loss - cfg.entropy_bonus * (ent.float() * (loss_mask > 0)).sum() / n_loss
-                # each rank's stats are means over its tokens: weigh them by its token count
-                n_local = float(loss_mask.sum())
-                keys = ["pg_loss", "kl", "clip_frac", "ratio_mean"]
-                summed = all_reduce_sum(torch.tensor([float(loss.detach())] + [local[k] * n_local for k in keys],
-                                                     dtype=torch.float64), d)
-                stats = {"loss": float(summed[0]), **{k: float(v) / n_loss for k, v in zip(keys, summed[1:])}}
-                check_finite(stats["loss"], f"{name} loss", step)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                all_reduce_grads(params, d)
-                grad_norm = float(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-                opt.step()
+            stats, grad_norm = update(policy, opt, params, batch, s, ref_logp, adv, loss_mask, n_loss, step, cfg,
+                                      device, pad_id, sample_kw, d, name)
             n_tok = int(per_row[:, 0].sum())
             tokens += n_tok
-            row = {"step": step + 1, "loss": stats["loss"], "pg_loss": stats["pg_loss"], "kl": stats["kl"],
-                   "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-                   "zero_std_frac": zero_std_fraction(rewards, G), "adv_mean": float(adv_all.mean()),
-                   "logp_mean": float(per_row[:, 1].sum()) / max(n_tok, 1),
-                   # the sampled tokens' mean surprisal: an unbiased estimate of the sampling entropy per token
-                   "entropy": -float(per_row[:, 1].sum()) / max(n_tok, 1),
-                   "completion_len": float(per_row[:, 0].mean()), "truncated_frac": float(per_row[:, 2].mean()),
-                   "clip_frac": stats["clip_frac"], "ratio_mean": stats["ratio_mean"], "grad_norm": grad_norm,
-                   "tokens_per_s": n_tok / (time.perf_counter() - t0), "attn_shapes": shapes.distinct,
-                   "attn_shapes_new": shapes.new_since(step),
-                   "sample_frac_time": t_sample / (time.perf_counter() - t0)}
+            seconds = time.perf_counter() - t0
+            row = step_row(step, stats, grad_norm, rewards, adv_all, per_row, G, n_tok, seconds, t_sample, shapes)
             if extra_stats is not None:
                 row.update(extra_stats(idx))
             log.append(row)
@@ -146,21 +106,90 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             if row["reward_mean"] >= cfg.reward_threshold:
                 stop_reason = "reward_threshold"
                 break
-            if cfg.patience and len(log) >= cfg.patience:  # judge a full moving-average window only
-                avg = sum(r["reward_mean"] for r in log[-cfg.patience:]) / min(len(log), cfg.patience)
-                if avg > best_avg + cfg.min_delta:
-                    best_avg, bad_steps = avg, 0
-                else:
-                    bad_steps += 1
-                    if bad_steps >= cfg.patience:
-                        stop_reason = "plateau"
-                        break
+            best_avg, bad_steps = plateau(log, cfg, best_avg, bad_steps)
+            if cfg.patience and bad_steps >= cfg.patience:
+                stop_reason = "plateau"
+                break
     bar.close()
     if d.is_main:
         print(f"{name}: {shapes.distinct} distinct attention shapes in {shapes.calls} calls, "
               f"{shapes.new_since(0) if cfg.warm_up else shapes.new_since(1)} first met "
               f"{'after the warm-up' if cfg.warm_up else 'after step 1'}", flush=True)
     return GRPOResult(log, stop_reason, time.perf_counter() - t_start, tokens)
+
+
+def masks(s: Samples, stop_id: int | None, cfg: GRPOConfig, d: Dist) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The loss mask of this rank's completions, the per-completion figures of every rank's and the global count of
+    loss tokens (the loss's normaliser)."""
+    # a truncated completion was scored mid-sentence; masking it (TRL's mask_truncated_completions) keeps it
+    # in its group's advantages but out of the gradient
+    truncated = (s.mask[:, -1] > 0) & (s.tokens[:, -1] != stop_id) if stop_id is not None else \
+        torch.zeros(len(s.mask), dtype=torch.bool, device=s.mask.device)
+    loss_mask = s.mask * (~truncated)[:, None] if cfg.truncated == "mask" else s.mask
+    # per completion: tokens, summed sampling log-probs, truncated; over all ranks
+    per_row = all_gather_cat(torch.stack([s.mask.sum(1), (s.logprobs * s.mask).sum(1),
+                                          truncated.float()], 1), d).cpu()
+    n_loss = float(all_reduce_sum(loss_mask.sum().detach().clone(), d))
+    return loss_mask, per_row, n_loss
+
+
+def update(policy: nn.Module, opt: torch.optim.Optimizer, params: list[nn.Parameter], batch: list[list[int]],
+           s: Samples, ref_logp: torch.Tensor, adv: torch.Tensor, loss_mask: torch.Tensor, n_loss: float, step: int,
+           cfg: GRPOConfig, device: str, pad_id: int, sample_kw: dict, d: Dist,
+           name: str) -> tuple[dict, float]:
+    """The step's cfg.inner_updates passes of the clipped token loss (none when every completion is masked); returns
+    the last pass's stats, averaged over every rank's tokens, and its gradient norm."""
+    stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
+    for _ in range(cfg.inner_updates if n_loss > 0 else 0):
+        for grp in opt.param_groups:
+            grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+        with autocast(device, cfg.bf16):
+            out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
+                                    entropy=cfg.entropy_bonus > 0, **sample_kw)
+        logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
+        loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
+                                 cfg.beta, normaliser=n_loss) if loss_mask.any() else \
+            ((logp * 0).sum(), dict.fromkeys(stats, 0.0))  # a rank with no token still joins the all-reduce
+        if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
+            loss = loss - cfg.entropy_bonus * (ent.float() * (loss_mask > 0)).sum() / n_loss
+        # each rank's stats are means over its tokens: weigh them by its token count
+        n_local = float(loss_mask.sum())
+        keys = ["pg_loss", "kl", "clip_frac", "ratio_mean"]
+        summed = all_reduce_sum(torch.tensor([float(loss.detach())] + [local[k] * n_local for k in keys],
+                                             dtype=torch.float64), d)
+        stats = {"loss": float(summed[0]), **{k: float(v) / n_loss for k, v in zip(keys, summed[1:])}}
+        check_finite(stats["loss"], f"{name} loss", step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        all_reduce_grads(params, d)
+        grad_norm = float(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        opt.step()
+    return stats, grad_norm
+
+
+def step_row(step: int, stats: dict, grad_norm: float, rewards: torch.Tensor, adv_all: torch.Tensor,
+             per_row: torch.Tensor, G: int, n_tok: int, seconds: float, t_sample: float, shapes) -> dict:
+    """One step's log row: the update's stats and the whole batch's rewards and completions (per_row: tokens,
+    summed sampling log-probs and truncated, per completion over all ranks)."""
+    return {"step": step + 1, "loss": stats["loss"], "pg_loss": stats["pg_loss"], "kl": stats["kl"],
+            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+            "zero_std_frac": zero_std_fraction(rewards, G), "adv_mean": float(adv_all.mean()),
+            "logp_mean": float(per_row[:, 1].sum()) / max(n_tok, 1),
+            # the sampled tokens' mean surprisal: an unbiased estimate of the sampling entropy per token
+            "entropy": -float(per_row[:, 1].sum()) / max(n_tok, 1),
+            "completion_len": float(per_row[:, 0].mean()), "truncated_frac": float(per_row[:, 2].mean()),
+            "clip_frac": stats["clip_frac"], "ratio_mean": stats["ratio_mean"], "grad_norm": grad_norm,
+            "tokens_per_s": n_tok / seconds, "attn_shapes": shapes.distinct, "attn_shapes_new": shapes.new_since(step),
+            "sample_frac_time": t_sample / seconds}
+
+
+def plateau(log: list[dict], cfg: GRPOConfig, best_avg: float, bad_steps: int) -> tuple[float, int]:
+    """Early stopping on the reward's moving average over cfg.patience steps, judged on full windows only: the best
+    average so far and the count of steps since it last rose by more than cfg.min_delta."""
+    if not cfg.patience or len(log) < cfg.patience:
+        return best_avg, bad_steps
+    avg = sum(r["reward_mean"] for r in log[-cfg.patience:]) / cfg.patience
+    return (avg, 0) if avg > best_avg + cfg.min_delta else (best_avg, bad_steps + 1)
 
 
 def warm_up(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], cfg: GRPOConfig, device: str, pad_id: int,
