@@ -111,6 +111,34 @@ def compile_deterministic(model: nn.Module) -> nn.Module:
     return torch.compile(model)
 
 
+def train_step(model: nn.Module, step_model: nn.Module, ddp_model: nn.Module, optimizer: torch.optim.Optimizer,
+               cfg: TrainConfig, batch_fn: BatchFn, loss_fn: LossFn, step: int, d: Dist,
+               name: str) -> tuple[float, float, int]:
+    """One optimizer step over this rank's micro-batches; returns the loss (over all ranks), the gradient norm and
+    the global count of target tokens."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr_at(step, cfg)
+    micro = batch_fn(step, d.rank, d.world)
+    # normalise by the global count of target tokens: exact same gradient for any world size / split
+    n_local = sum(int((y != -1).sum()) for _, y in micro)
+    n_global = int(all_reduce_sum(torch.tensor(n_local, dtype=torch.long), d))
+    loss_total = 0.0
+    for i, (x, y) in enumerate(micro):
+        x, y = x.to(d.device), y.to(d.device)
+        sync = i == len(micro) - 1 or d.world == 1
+        ctx = contextlib.nullcontext() if sync else ddp_model.no_sync()
+        with ctx, autocast(d.device, cfg.bf16):
+            loss = loss_fn(step_model, x, y) * (d.world / n_global)  # DDP averages grads over ranks
+        loss.backward()
+        loss_total += float(loss.detach()) / d.world
+    loss_value = float(all_reduce_sum(torch.tensor(loss_total), d))
+    check_finite(loss_value, f"{name} loss", step)
+    grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_value, grad_norm, n_global
+
+
 def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn, d: Dist,
           scratch: Path | None = None, fingerprint: str = "", loss_fn: LossFn = lm_loss_sum,
           log_every: int = 10, name: str = "train") -> TrainResult:
@@ -160,26 +188,8 @@ def train(model: nn.Module, cfg: TrainConfig, batch_fn: BatchFn, eval_fn: EvalFn
         stopped = run_eval(0)
     while step < cfg.steps and not stopped:
         t0 = time.perf_counter()
-        for g in optimizer.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        micro = batch_fn(step, d.rank, d.world)
-        # normalise by the global count of target tokens: exact same gradient for any world size / split
-        n_local = sum(int((y != -1).sum()) for _, y in micro)
-        n_global = int(all_reduce_sum(torch.tensor(n_local, dtype=torch.long), d))
-        loss_total = 0.0
-        for i, (x, y) in enumerate(micro):
-            x, y = x.to(d.device), y.to(d.device)
-            sync = i == len(micro) - 1 or d.world == 1
-            ctx = contextlib.nullcontext() if sync else ddp_model.no_sync()
-            with ctx, autocast(d.device, cfg.bf16):
-                loss = loss_fn(step_model, x, y) * (d.world / n_global)  # DDP averages grads over ranks
-            loss.backward()
-            loss_total += float(loss.detach()) / d.world
-        loss_value = float(all_reduce_sum(torch.tensor(loss_total), d))
-        check_finite(loss_value, f"{name} loss", step)
-        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss_value, grad_norm, n_global = train_step(model, step_model, ddp_model, optimizer, cfg, batch_fn, loss_fn,
+                                                     step, d, name)
         dt = time.perf_counter() - t0
         train_seconds += dt
         tokens += n_global
