@@ -182,26 +182,10 @@ def heldout_wording(sources: set[str], sft_source: str, left_out: int) -> str:
                                      "trained prompt's answer"])
 
 
-def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFrame],
-                 weights: dict[str, dict[str, float]], out_md: Path, fig_dir: Path, setup: dict,
-                 extra_sections: list[str] | None = None, n_examples: int = 3,
-                 lead_sections: list[str] | None = None) -> str:
-    """Write out_md and its figures into fig_dir (metrics.png, forest_<a>_vs_<b>.png, scatter.png,
-    reward_curves.png, sampling_weights.png); returns the markdown. logs: per-step GRPO log per run (step,
-    reward_mean; kl and entropy plotted when present). weights: {variant: {group: sampling share}}. Empty
-    logs/weights skip their figure. lead_sections: markdown blocks ahead of the verdict (the checks a reader
-    should see first); extra_sections: blocks appended at the end, in order."""
-    out_md, fig_dir = Path(out_md), Path(fig_dir)
-    rel = lambda name: Path(os.path.relpath(fig_dir / name, out_md.parent)).as_posix()  # noqa: E731
+def _setup_lines(result: dict, setup: dict) -> list[str]:
+    """The report's setup: the stage's own entries, then what was evaluated and how it is tested."""
     s = result["setup"]
-    plot_metrics(result, fig_dir / "metrics.png")
-    lines = ["# Diversity evaluation: density-aware vs uniform prompt sampling", ""]
-    for section in lead_sections or []:
-        lines += [section.strip(), ""]
-    lines += ["## Verdict", ""] if lead_sections else []
-    lines += [verdict_line(result, c) for c in result["comparisons"]]
-    lines += ["", "## Setup", ""]
-    lines += [f"- **{k}**: {v if isinstance(v, (str, int, float)) else json.dumps(v, sort_keys=True)}"
+    lines = [f"- **{k}**: {v if isinstance(v, (str, int, float)) else json.dumps(v, sort_keys=True)}"
               for k, v in setup.items()]
     lo, hi = s["samples_per_cell"]
     per_cell = str(lo) if lo == hi else f"{lo}\u2013{hi}"
@@ -221,6 +205,45 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
               + ("; stock phrases: the word 3-grams held by the most of the reference's responses to one half "
                  "of the prompts (recurring over ≥ 3 prompts), counted on every model's responses to the other half: "
                  + ", ".join(f"'{g}'" for g in s["stock_phrases"]) if s.get("stock_phrases") else "")]
+    return lines
+
+
+def _sampling_lines(weights: dict[str, dict[str, float]], fig: Path, link: str) -> list[str]:
+    """Each variant's prompt-group shares as a table and a figure (fig, linked as link)."""
+    lines: list[str] = []
+    if weights:
+        plot_weights(weights, fig)
+        shares = _shares(weights)
+        lines += ["| variant | groups | effective groups (1/\u03a3 share\u00b2) | largest group share |",
+                  "|---|---:|---:|---|"]
+        for v, sh in shares.items():
+            big = sh.sort_values(ascending=False, kind="stable")
+            lines.append(f"| {v} | {sh.size} | {1 / float(np.sum(sh.to_numpy() ** 2)):.1f} "
+                         f"| {_cell(str(big.index[0]))} {big.iloc[0]:.3f} |")
+        lines += ["", f"![per-group sampling shares]({link})"]
+    else:
+        lines += ["*(no sampling weights given)*"]
+    return lines
+
+
+def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFrame],
+                 weights: dict[str, dict[str, float]], out_md: Path, fig_dir: Path, setup: dict,
+                 extra_sections: list[str] | None = None, n_examples: int = 3,
+                 lead_sections: list[str] | None = None) -> str:
+    """Write out_md and its figures into fig_dir (metrics.png, forest_<a>_vs_<b>.png, scatter.png,
+    reward_curves.png, sampling_weights.png); returns the markdown. logs: per-step GRPO log per run (step,
+    reward_mean; kl and entropy plotted when present). weights: {variant: {group: sampling share}}. Empty
+    logs/weights skip their figure. lead_sections: markdown blocks ahead of the verdict (the checks a reader
+    should see first); extra_sections: blocks appended at the end, in order."""
+    out_md, fig_dir = Path(out_md), Path(fig_dir)
+    rel = lambda name: Path(os.path.relpath(fig_dir / name, out_md.parent)).as_posix()  # noqa: E731
+    plot_metrics(result, fig_dir / "metrics.png")
+    lines = ["# Diversity evaluation: density-aware vs uniform prompt sampling", ""]
+    for section in lead_sections or []:
+        lines += [section.strip(), ""]
+    lines += ["## Verdict", ""] if lead_sections else []
+    lines += [verdict_line(result, c) for c in result["comparisons"]]
+    lines += ["", "## Setup", ""] + _setup_lines(result, setup)
 
     lines += ["", "## Runs", "", "Every run on the same held-out prompts and sampling seeds (* primary).", ""]
     lines += _runs_table(result)
@@ -246,19 +269,8 @@ def write_report(result: dict, samples: pd.DataFrame, logs: dict[str, pd.DataFra
     else:
         lines += ["*(no GRPO logs given)*"]
 
-    lines += ["", "## Prompt sampling", ""]
-    if weights:
-        plot_weights(weights, fig_dir / "sampling_weights.png")
-        shares = _shares(weights)
-        lines += ["| variant | groups | effective groups (1/\u03a3 share\u00b2) | largest group share |",
-                  "|---|---:|---:|---|"]
-        for v, sh in shares.items():
-            big = sh.sort_values(ascending=False, kind="stable")
-            lines.append(f"| {v} | {sh.size} | {1 / float(np.sum(sh.to_numpy() ** 2)):.1f} "
-                         f"| {_cell(str(big.index[0]))} {big.iloc[0]:.3f} |")
-        lines += ["", f"![per-group sampling shares]({rel('sampling_weights.png')})"]
-    else:
-        lines += ["*(no sampling weights given)*"]
+    lines += ["", "## Prompt sampling", ""] + _sampling_lines(weights, fig_dir / "sampling_weights.png",
+                                                              rel("sampling_weights.png"))
 
     lines += ["", "## Sample responses"] + _examples(result, samples, n_examples)
     for section in extra_sections or []:
