@@ -17,7 +17,7 @@ from speedrun.rl.density import draw_prompts, effective_sample_size, group_share
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
 from speedrun.rl.rewards import score_samples
-from speedrun.rl.trainer import grpo_train, save_run
+from speedrun.rl.trainer import grpo_train, log_means, save_run
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
@@ -92,16 +92,11 @@ def main(p, io, variant: str, seed: int) -> None:
     log = pd.DataFrame(result.log)
     shares_w = group_shares(weights, groups)
     shares_d = group_shares(draws.double() / draws.sum(), groups)
-    k = max(1, len(log) // 5)
-    m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log),
-         "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
-         "reward_end": round(float(log["reward_mean"][-k:].mean()), 4),
-         "kl_end": round(float(log["kl"][-k:].mean()), 5),
-         "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
-         "truncated_frac_end": round(float(log["truncated_frac"][-k:].mean()), 4),
-         "truncated": cfg.truncated,
-         "tic_share_start": round(float(log["tic_share"][:k].mean()), 4),
-         "tic_share_end": round(float(log["tic_share"][-k:].mean()), 4),
+    m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log), "truncated": cfg.truncated,
+         **log_means(log, start={"reward_start": ("reward_mean", 4), "tic_share_start": ("tic_share", 4)},
+                     end={"reward_end": ("reward_mean", 4), "kl_end": ("kl", 5),
+                          "completion_len_end": ("completion_len", 2), "truncated_frac_end": ("truncated_frac", 4),
+                          "tic_share_end": ("tic_share", 4)}),
          "epochs": round(float(draws.sum()) / len(ids), 4), "draws_per_prompt_max": int(draws.max()),
          "weight_ess": round(ess, 1), "weight_ess_frac": round(ess / len(ids), 4),
          "group_share_entropy": round(share_entropy(shares_w), 4),

@@ -18,7 +18,7 @@ from speedrun.rl.density import draw_prompts, group_shares, neighbour_purity, wo
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
 from speedrun.rl.rewards import score_samples
-from speedrun.rl.trainer import grpo_train, save_run
+from speedrun.rl.trainer import grpo_train, log_means, save_run
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
@@ -95,14 +95,10 @@ def main(p, io, arm: str, seed: int) -> None:
         distributed.teardown()
         return
     log = pd.DataFrame(result.log)
-    k = max(1, len(log) // 5)
     m = {"arm": arm, "sampling": v.sampling, "reward": v.reward, "seed": seed, "steps": len(log),
-         "reward_start": round(float(log["reward_mean"][:k].mean()), 4),
-         "reward_end": round(float(log["reward_mean"][-k:].mean()), 4),
-         "gold_pass_start": round(float(log["gold_pass"][:k].mean()), 4),
-         "gold_pass_end": round(float(log["gold_pass"][-k:].mean()), 4),
-         "kl_end": round(float(log["kl"][-k:].mean()), 5),
-         "completion_len_end": round(float(log["completion_len"][-k:].mean()), 2),
+         **log_means(log, start={"reward_start": ("reward_mean", 4), "gold_pass_start": ("gold_pass", 4)},
+                     end={"reward_end": ("reward_mean", 4), "gold_pass_end": ("gold_pass", 4), "kl_end": ("kl", 5),
+                          "completion_len_end": ("completion_len", 2)}),
          "cluster_share_weights": {g: round(x, 4) for g, x in group_shares(weights, groups).items()},
          "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draws.double() / draws.sum(),
                                                                           groups).items()},

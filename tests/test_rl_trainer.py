@@ -115,3 +115,14 @@ def test_grpo_refuses_a_config_its_stage_did_not_finish():
     with pytest.raises(ValueError, match=r"\['beta', 'entropy_bonus', 'seed', 'bf16', 'decode', 'warm_up'\]"):
         grpo_train(toy_policy(0), toy_policy(0), [[1, 2], [1, 3]], lambda step, g: draw_prompts(weights, 2, g),
                    lambda batch, s: torch.zeros(len(s.tokens)), cfg, "cpu", stop_id=None, pad_id=0)
+
+
+def test_log_means_average_the_first_and_last_fifth():
+    import pandas as pd
+    from speedrun.rl.trainer import log_means
+    log = pd.DataFrame({"reward_mean": [float(i) for i in range(10)], "kl": [0.123456] * 10})  # a fifth: 2 steps
+    end = {"reward_end": ("reward_mean", 4), "kl_end": ("kl", 3)}
+    means = log_means(log, {"reward_start": ("reward_mean", 4)}, end)
+    assert means == {"reward_start": 0.5, "reward_end": 8.5, "kl_end": 0.123}
+    one = log_means(log[:3], {"s": ("reward_mean", 4)}, {"e": ("reward_mean", 4)})  # under 5 steps: one step each end
+    assert one == {"s": 0.0, "e": 2.0}

@@ -229,3 +229,12 @@ def save_run(out_dir: Path, policy: nn.Module, meta: dict, log: "pd.DataFrame", 
     write_parquet(out_dir / "weights.parquet", pd.DataFrame(
         {"prompt_id": prompts["prompt_id"], "group": prompts["group"], "weight": weights.numpy(),
          "draws": draws.numpy()}))
+
+
+def log_means(log: "pd.DataFrame", start: dict[str, tuple[str, int]],  # noqa: F821
+              end: dict[str, tuple[str, int]]) -> dict[str, float]:
+    """A run's summary from its step log: {key: (column, digits)} averaged over the first (start) or the last (end)
+    fifth of the steps, at least one step, rounded to digits."""
+    k = max(1, len(log) // 5)
+    return {**{key: round(float(log[col][:k].mean()), n) for key, (col, n) in start.items()},
+            **{key: round(float(log[col][-k:].mean()), n) for key, (col, n) in end.items()}}
