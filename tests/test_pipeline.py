@@ -120,9 +120,8 @@ def ran(out: str) -> set[str]:
     return {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
 
 
-@pytest.mark.e2e
-def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
-    repo = make_pipeline_repo(tmp_path, MICRO_DAG)
+def _first_repro(repo: Path) -> None:
+    """The whole DAG runs; its metrics, report, held-out splits and plots are there; nothing is stale."""
     out = dvc(repo, "repro")
     stages = ran(out)
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
@@ -171,7 +170,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
         assert [r["type"] for r in rendered] == ["vega"] and not rendered[0].get("errors"), name
         assert rendered[0]["content"]["data"]["values"], name
 
-    # same params -> byte-identical artifacts: force-rerun every stage that samples or trains
+
+def _reruns_are_byte_identical(repo: Path) -> None:
+    """Same params -> byte-identical artifacts: force-rerun every stage that samples or trains."""
     artifacts = ["outs/pretrain/model.pt", "outs/sft/model.pt", "outs/task_sft/model.pt",
                  "outs/task_grpo/density_s1/model.pt", "reports/metrics/task.json", "data/onpolicy/pairs.parquet",
                  "outs/rm/model.pt",
@@ -185,9 +186,11 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert ran(dvc(repo, "repro", "-f", "-s", *forced)) == set(forced)  # -s: these stages only, not downstream
     assert digest() == first
 
+
+def _two_processes_match_one(repo: Path, elsewhere: Path) -> None:
+    """A GRPO run and the chat evaluation under 2 processes against the DAG's."""
     # one GRPO run (the planted-tic control: its bonus and tic count go through the ranks' shares) under 2 processes
     # takes the DAG's steps: same draws, same rewards and tic share up to float rounding (each rank scores half)
-    elsewhere = tmp_path_factory.mktemp("grpo_two_processes")  # outside the repo (tmp_path)
     run_module("stages.grpo", "--variant", "tic_2", "--seed", "1", "-S", "compute.nproc=2", "--out-dir",
                str(elsewhere / "run"), "--metrics", str(elsewhere / "run.json"), cwd=repo)
     one, two = (json.loads(f.read_text())
@@ -208,6 +211,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     for k, v in outs.items():
         assert moved[k].read_bytes() == (repo / v).read_bytes(), v
 
+
+def _queued_experiment_and_frontier(repo: Path) -> None:
+    """The README's recipe: metrics, a queued experiment on beta, the frontier."""
     # the README's comparison recipe: metrics side by side, then an experiment on beta
     show = dvc(repo, "metrics", "show")
     assert "grpo_density_s1" in show and "density_vs_baseline" in show
@@ -241,6 +247,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
             assert f"| {beta} | {variant} |" in res.stdout, (beta, variant, res.stdout)
     assert (repo / "frontier.png").read_bytes()[:4] == b"\x89PNG"
 
+
+def _additions_rerun_only_their_stages(repo: Path) -> None:
+    """A cycle, a seed or a knob reruns only what reads it; a failed evaluation keeps the last report."""
     # one more adversarial cycle runs that cycle and the adversarial evaluation, nothing else
     set_params(repo, {"adversarial.cycles.3": {"prev": 2, "init": "outs/adv/cycle_2/policy"}})
     assert ran(dvc(repo, "repro")) == {"preflight", "adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
@@ -263,6 +272,9 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert res.returncode != 0 and "eval.comparisons" in res.stdout + res.stderr
     assert (repo / "reports/report.md").read_bytes() == report
 
+
+def _unknown_keys_stop_before_any_stage(repo: Path) -> None:
+    """A key no stage reads stops DVC at the check, before any output is lost."""
     # a key no stage reads, in the file or added with -S +key, stops DVC at the check before any stage loses an output
     set_params(repo, {"eval.comparisons": ["density:baseline", "tic_2:baseline"]})
     kept = {a: (repo / a).read_bytes() for a in ("reports/metrics/diversity.json", "reports/task.md",
@@ -280,6 +292,16 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     assert res.returncode != 0 and "betta: unknown key" in res.stdout + res.stderr, res.stdout + res.stderr
     assert ran(res.stdout) == {"preflight"} and all((repo / a).read_bytes() == b for a, b in kept.items())
 
+
+@pytest.mark.e2e
+def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
+    repo = make_pipeline_repo(tmp_path, MICRO_DAG)
+    _first_repro(repo)
+    _reruns_are_byte_identical(repo)
+    _two_processes_match_one(repo, tmp_path_factory.mktemp("grpo_two_processes"))  # outside the repo (tmp_path)
+    _queued_experiment_and_frontier(repo)
+    _additions_rerun_only_their_stages(repo)
+    _unknown_keys_stop_before_any_stage(repo)
 
 def test_grpo_plots_cover_every_run_of_params():
     """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""
