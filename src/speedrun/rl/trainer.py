@@ -19,7 +19,7 @@ from speedrun.config import GRPOConfig
 from speedrun.engine import Samples, generate, sequence_logprobs
 from speedrun.progress import Progress
 from speedrun.rl.grpo import group_advantages, token_loss, zero_std_fraction
-from speedrun.shapes import count_shapes, round_up, width_step
+from speedrun.shapes import ShapeCounter, count_shapes, round_up, width_step
 from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
 from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import autocast
@@ -168,7 +168,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, params: list[nn.Parame
 
 
 def step_row(step: int, stats: dict, grad_norm: float, rewards: torch.Tensor, adv_all: torch.Tensor,
-             per_row: torch.Tensor, G: int, n_tok: int, seconds: float, t_sample: float, shapes) -> dict:
+             per_row: torch.Tensor, G: int, n_tok: int, seconds: float, t_sample: float,
+             shapes: ShapeCounter) -> dict:
     """One step's log row: the update's stats and the whole batch's rewards and completions (per_row: tokens,
     summed sampling log-probs and truncated, per completion over all ranks)."""
     return {"step": step + 1, "loss": stats["loss"], "pg_loss": stats["pg_loss"], "kl": stats["kl"],
