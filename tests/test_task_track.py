@@ -8,7 +8,8 @@ import torch
 from speedrun.data import task
 from speedrun.eval.task_report import manipulation, tv
 from speedrun.eval.task_compare import compare_arms
-from speedrun.eval.task_track import at_pass1, entropy_bits, frontier_at, frontier_gaps, per_item, summary
+from speedrun.eval.task_track import (at_pass1, column_mean, entropy_bits, frontier_at, frontier_gaps, gap_draws,
+                                      item_draws, per_item, summary)
 from speedrun.rl.controls import shuffle_within_groups
 from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, word_embeddings
 
@@ -146,6 +147,19 @@ def test_frontier_check_calls_collapse_below_and_not_along_the_frontier():
     assert not g["along"]["collapsed"] and g["along"]["ci_low"] < 0 < g["along"]["ci_high"]
     assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.4) == pytest.approx(2.0)
     assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.9) == 1.0  # beyond the end: the end
+
+
+def test_gap_draws_read_each_draw_as_the_tables_column_means():
+    """The bootstrap reads columns out of pandas once: each draw's gap is still coverage minus the frontier at pass@1,
+    from the per-item tables' means over that draw's rows."""
+    sft = [per_item(planted("sft", 30, p, k, s), (1,)) for p, k, s in ((0.8, 3, 1), (0.5, 6, 2))]
+    runs = [per_item(planted(f"r{s}", 30, 0.6, 2, 5 + s), (1,)) for s in range(2)]
+    draws = item_draws(30, 5, 0, "test")
+    got = gap_draws(sft, runs, draws)
+    for d, rows in enumerate(draws):
+        front = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in sft])
+        want = [column_mean(t, rows, "coverage") - frontier_at(front, column_mean(t, rows, "pass@1")) for t in runs]
+        assert got[d].tolist() == want
 
 
 def test_manipulation_check_needs_moved_weights_and_draws_beyond_seed_spread():

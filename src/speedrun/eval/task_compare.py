@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from speedrun.eval.stats import ALPHA, holm, mde, non_inferiority, permutation_p, pooled_delta, runs_needed
-from speedrun.eval.task_track import column_mean, gap_draws, item_draws, matched_draws, per_item
+from speedrun.eval.task_track import column_mean, curve_columns, gap_draws, item_draws, matched_draws, per_item
 
 
 def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFrame]], comparisons: list[str],
@@ -54,7 +54,8 @@ def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFra
                 ma, ext = matched_draws(tabs, b, sorted(curves[b][0]).index(arm_temperature), draws)
                 res["matched"] = _reading(_delta(ma[a], ma[b]), ma[a][0], ma[b][0], collapse, len(comparisons),
                                           mde_share, seed) | {"extended_share": round(ext, 4)}
-            pa, pb = (np.array([[column_mean(t, r, "pass@1") for t in runs[x]] for r in draws]) for x in (a, b))
+            cols = {x: curve_columns(runs[x]) for x in (a, b)}
+            pa, pb = (np.array([[float(c[0][r].mean()) for c in cols[x]] for r in draws]) for x in (a, b))
             gain = float(pb[0].mean()) - sft1
             margin = margin_share * max(gain, 0.0)
             p1 = _delta(pa, pb)

@@ -86,14 +86,20 @@ def column_mean(tab: pd.DataFrame, rows: np.ndarray, col: str) -> float:
     return float(tab[col].to_numpy(dtype=float)[rows].mean())
 
 
+def curve_columns(tabs: list[pd.DataFrame]) -> np.ndarray:
+    """[table, 2, item]: the pass@1 and coverage columns of per-item tables, taken out of pandas once (a bootstrap
+    reads them thousands of times); `cols[..., rows].mean(-1)` is column_mean's value for each table and column."""
+    return np.stack([np.stack([t["pass@1"].to_numpy(dtype=float), t["coverage"].to_numpy(dtype=float)])
+                     for t in tabs])
+
+
 def gap_draws(sft: list[pd.DataFrame], runs: list[pd.DataFrame], draws: list[np.ndarray]) -> np.ndarray:
     """[draw, run] coverage − SFT frontier coverage at the run's pass@1, the frontier and every run on the same item
     rows of each draw (per-item tables of the same items in the same order)."""
-    out = []
+    out, sft_cols, run_cols = [], curve_columns(sft), curve_columns(runs)
     for rows in draws:
-        front = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in sft])
-        out.append([column_mean(t, rows, "coverage") - frontier_at(front, column_mean(t, rows, "pass@1"))
-                    for t in runs])
+        front = np.array([(c[0][rows].mean(), c[1][rows].mean()) for c in sft_cols])
+        out.append([float(c[1][rows].mean()) - frontier_at(front, float(c[0][rows].mean())) for c in run_cols])
     return np.array(out)
 
 
@@ -117,12 +123,13 @@ def matched_draws(curves: dict[str, list[list[pd.DataFrame]]], control: str, t_i
     t_index, on the same item rows of each draw; and the share of readings that extended a curve."""
     out: dict[str, list[list[float]]] = {arm: [] for arm in curves}
     extended, n = 0, 0
+    cols = {arm: [curve_columns(c) for c in runs] for arm, runs in curves.items()}
     for rows in draws:
-        target = float(np.mean([column_mean(c[t_index], rows, "pass@1") for c in curves[control]]))
-        for arm, runs in curves.items():
+        target = float(np.mean([float(c[t_index][0][rows].mean()) for c in cols[control]]))
+        for arm, runs in cols.items():
             row = []
             for c in runs:
-                pts = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in c])
+                pts = np.array([(t[0][rows].mean(), t[1][rows].mean()) for t in c])
                 value, ext = at_pass1(pts, target)
                 row.append(value)
                 extended, n = extended + ext, n + 1
