@@ -107,6 +107,32 @@ def control_check(control_samples: pd.DataFrame, temps: dict[str, float], c, voc
     return control, primary
 
 
+def gold_task_items(p, io) -> tuple[list, list]:
+    """The gold-checked task's items (every split: the distractor pool) and those of the held-out modules."""
+    all_items = gold_items(load_objects(io.objects), p.corpus.val_frac, p.prompts.eval_frac)
+    items = [i for i in all_items if i.split == "eval"]
+    if not items:
+        raise SystemExit(f"eval: {io.objects} has no gold-task item in the held-out modules (prompts.eval_frac)")
+    return all_items, items
+
+
+def temperature_phase(p, io, draw: dict, tok, vocab: list[int], d: distributed.Dist
+                      ) -> tuple[pd.DataFrame, torch.nn.Module, object, dict, list[str]]:
+    """The SFT model sampled at each control temperature (draw: sample_models' settings), its responses embedded by
+    the SFT model's states and by the sentence encoder, and control_check's verdict; returns the samples, the two
+    embedders (every model's responses use them later), the control and the primaries that pass it."""
+    temps = {f"sft@T{t:g}": t for t in p.eval.control_temperatures}
+    control_samples = pd.concat(distributed.map_jobs(  # each model on one rank (map_jobs), every rank gets all rows
+        lambda job: sample_models({job[0]: io.sft_dir}, pairs_path=None, temperature=job[1], **draw),
+        list(temps.items()), d), ignore_index=True)
+    embedder, _ = load_model(io.sft_dir, d.device, tok.digest)  # one fixed embedder for every model's responses
+    control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), d.device)
+    encoder = semantic.load_encoder(d.device)  # a sentence encoder: meaning, where the SFT model's states read words
+    control_samples["sentence_embedding"] = list(semantic.embed(encoder, control_samples["text"].tolist()))
+    control, primary = control_check(control_samples, temps, p.eval, vocab, p.seed)  # every rank stops or goes
+    return control_samples, embedder, encoder, control, primary
+
+
 def main(p, io) -> None:
     c = p.eval
     sampling = {name: p.grpo.variants[name].sampling for name in p.grpo.run}
@@ -121,26 +147,15 @@ def main(p, io) -> None:
     rm = RewardModel.load(io.rm_dir, dev, tok.digest)
     vocab = read_json(io.ngram_vocab)["distinct"]  # EAD's fixed V: the corpus's distinct n-grams (stage corpus)
 
-    # the temperature control first: which primaries can see diversity at all
-    temps = {f"sft@T{t:g}": t for t in c.control_temperatures}
     # each finished model's samples kept in scratch until the stage ends: a killed evaluation does not sample it again
     resume = {"resume": io.scratch_dir, "fingerprint": f"eval|{p.digest()}|{dev}|"
               f"{files_digest(io.prompts, io.pairs, io.rm_dir, io.tokenizer_dir)}"}
     draw = dict(tok=tok, rm=rm, prompts=df, ids=ids, seeds=c.seeds, samples_per_prompt=c.samples_per_prompt,
                 max_new_tokens=c.max_new_tokens, top_p=c.top_p, seed=p.seed, device=dev, **resume)
-    control_samples = pd.concat(distributed.map_jobs(  # each model on one rank (map_jobs), every rank gets all rows
-        lambda job: sample_models({job[0]: io.sft_dir}, pairs_path=None, temperature=job[1], **draw),
-        list(temps.items()), d), ignore_index=True)
-    embedder, _ = load_model(io.sft_dir, dev, tok.digest)  # one fixed embedder for every model's responses
-    control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), dev)
-    encoder = semantic.load_encoder(dev)  # a sentence encoder: meaning, where the SFT model's states read words
-    control_samples["sentence_embedding"] = list(semantic.embed(encoder, control_samples["text"].tolist()))
-    control, primary = control_check(control_samples, temps, c, vocab, p.seed)  # on every rank: they all stop or go
+    # the temperature control first: which primaries can see diversity at all
+    control_samples, embedder, encoder, control, primary = temperature_phase(p, io, draw, tok, vocab, d)
 
-    all_items = gold_items(load_objects(io.objects), p.corpus.val_frac, p.prompts.eval_frac)
-    items = [i for i in all_items if i.split == "eval"]
-    if not items:
-        raise SystemExit(f"eval: {io.objects} has no gold-task item in the held-out modules (prompts.eval_frac)")
+    all_items, items = gold_task_items(p, io)
     models = {"sft": io.sft_dir} | {run_name(v, s): io.runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
     # the SFT model at the evaluation temperature drew exactly these responses in the control: not drawn twice
     same = control_samples[control_samples["model"] == f"sft@T{c.temperature:g}"]
