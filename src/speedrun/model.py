@@ -100,12 +100,13 @@ class KVCache:
         new.pos, new.padded = self.pos, self.padded
         new.valid[:, :self.pos] = self.valid[:, :self.pos].repeat_interleave(n, 0)
         new.lengths = self.lengths.repeat_interleave(n, 0)
-        if self.k is not None:
-            shape = (self.k.size(0), self.batch * n, self.k.size(2), max_len, self.k.size(4))
-            new.k = self.k.new_zeros(shape)
-            new.v = self.v.new_zeros(shape)
-            new.k[:, :, :, :self.pos] = self.k[:, :, :, :self.pos].repeat_interleave(n, 1)
-            new.v[:, :, :, :self.pos] = self.v[:, :, :, :self.pos].repeat_interleave(n, 1)
+        if self.k is not None:  # each row's n copies written straight into the new cache (no zero fill, no temporary)
+            L, B, H, _, D = self.k.shape
+            new.k, new.v = self.k.new_empty((L, B * n, H, max_len, D)), self.v.new_empty((L, B * n, H, max_len, D))
+            for src, dst in ((self.k, new.k), (self.v, new.v)):
+                rows = dst.view(L, B, n, H, max_len, D)
+                rows[..., :self.pos, :].copy_(src[:, :, None, :, :self.pos])
+                rows[..., self.pos:, :].zero_()
         return new
 
     def keep_rows(self, rows: Tensor) -> None:
