@@ -204,6 +204,29 @@ def test_use_bf16_explicit_and_auto(monkeypatch):
     assert use_bf16("auto", "cpu") is True
 
 
+FAULTS = """
+import resource, sys, torch
+from speedrun.common import keep_freed_memory
+applied = keep_freed_memory() if sys.argv[1] == "keep" else False
+x = torch.zeros(2048, 4096)  # 32 MB: the logits of a sampling batch
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):  # a decode loop's work: large temporaries of one size, made and freed every step
+    y = x.log_softmax(-1).exp().cumsum(-1)
+    del y
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_stages_reuse_freed_memory_instead_of_faulting_in_fresh_pages():
+    """A stage calls keep_freed_memory (run_stage): large temporaries freed and made again reuse their pages, where
+    glibc's default maps each fresh (8k page faults per 32 MB, about 246k here against 25-74k)."""
+    out = {mode: subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True,
+                                cwd=REPO).stdout.split() for mode in ("default", "keep")}
+    assert out["keep"][0] == "True" and out["default"][0] == "False"
+    assert int(out["keep"][1]) < int(out["default"][1]) / 2, out
+
+
 def test_muon_takes_the_block_matrices_and_resumes_exactly(tmp_path):
     from speedrun.common import torch_load
     from speedrun.model import GPT, GPTConfig

@@ -1,10 +1,13 @@
 """Small shared helpers: stable hashing, atomic artifact writes, seeding, device choice."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
+import platform
 import random
+import sys
 import tempfile
 import unicodedata
 from pathlib import Path
@@ -177,6 +180,18 @@ def pick_device(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def keep_freed_memory() -> bool:
+    """Under glibc, serve every allocation from the heap and keep what is freed there (mallopt: no mmap, trim only
+    above 2 GB). glibc maps each block over 32 MB fresh and returns it on free, so a decode step's logits or a
+    sampling cache are faulted in page by page every time: 13M page faults and 26 of 72 s of system time in task_eval,
+    15 s in 40 pretraining steps. Allocation only: the numbers computed are the same. Returns whether it applied."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def use_bf16(dtype: str, device: str) -> bool:

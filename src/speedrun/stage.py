@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from speedrun import params as params_lib
+from speedrun.common import keep_freed_memory
 from speedrun.params import Params
 
 
@@ -77,6 +78,7 @@ def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...]
         sys.exit(f"error: {e}")
     args.pop("help")
     check_ids(run_ids, p)
+    keep_freed_memory()  # large CPU tensors reuse freed memory instead of faulting in fresh pages
     as_path = lambda v: Path(str(v).format(**run_ids)) if v is not None else None  # noqa: E731
     io = SimpleNamespace(**{k: [as_path(x) for x in v] if isinstance(v, list) else as_path(v) for k, v in args.items()})
     main(params_lib.StageView(p, reads_for(reads, run_ids)), io, **run_ids)
