@@ -11,7 +11,8 @@ GRPO against the task SFT model at the same temperature (what training does to e
 with the item variance kept whole, not divided, since every run is read on the same items. A post-hoc, descriptive
 reading of runs already reported (secondary, unadjusted); the runs differ in density's cap (10, then 12).
 
-    python analysis/task_clusters.py    # the four committed 609-item density experiments
+    python analysis/task_clusters.py                  # the four committed 609-item density experiments
+    python analysis/task_clusters.py --arm balanced   # group-balanced sampling: the two of them that ran it
 """
 import argparse
 import json
@@ -58,7 +59,7 @@ def ci(d: dict) -> str:
     return f"{d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
 
 
-def main(experiments: list[str], n_boot: int) -> None:
+def main(experiments: list[str], arm: str, n_boot: int) -> None:
     train = task.cluster_sizes(task.items(0.1, 0.4, 215), "train")  # the 609-item set: number_max 215, eval_frac 0.4
     shares = {c: n / sum(train.values()) for c, n in train.items()}
     pooled_in: dict[tuple[str, str], list[dict]] = {}
@@ -66,26 +67,29 @@ def main(experiments: list[str], n_boot: int) -> None:
         folder = ROOT / name
         metrics = json.loads((folder / "metrics" / "task.json").read_text())
         t = float(metrics["arm_temperature"])
-        weights = metrics["manipulation"]["density"]["shares_weights"]
-        gaps = metrics["comparisons"]["density:checker"]["clusters"]
+        if f"{arm}:checker" not in metrics["comparisons"]:
+            print(f"\n{name}: no {arm} arm")
+            continue
+        weights = metrics["manipulation"][arm]["shares_weights"]
+        gaps = metrics["comparisons"][f"{arm}:checker"]["clusters"]
         answers = pd.read_parquet(folder / "answers.parquet")
-        runs = {arm: sorted(m for m in answers.model.unique() if m.rsplit("_s", 1)[0] == arm)
-                for arm in ("density", "checker")}
-        cols = {arm: cluster_columns(answers, ms, t)[0] for arm, ms in runs.items()}
+        runs = {x: sorted(m for m in answers.model.unique() if m.rsplit("_s", 1)[0] == x) for x in (arm, "checker")}
+        cols = {x: cluster_columns(answers, ms, t)[0] for x, ms in runs.items()}
         sft, clusters = cluster_columns(answers, ["task_sft"], t)
-        print(f"\n{name}: {len(runs['density'])} + {len(runs['checker'])} runs, {len(clusters)} held-out items, T {t}")
-        print("  cluster  | draws: uniform → density | density − uniform: pass@1, coverage@16, frontier gap "
+        print(f"\n{name}: {len(runs[arm])} + {len(runs['checker'])} runs, {len(clusters)} held-out items, T {t}")
+        print(f"  cluster  | draws: uniform → {arm} | {arm} − uniform: pass@1, coverage@16, frontier gap "
               "| uniform − SFT: pass@1, coverage@16")
         for c in sorted(shares, key=lambda x: -shares[x]):
             rows = np.flatnonzero(clusters == c)
-            dd = [delta(cols["density"], cols["checker"], rows, i, n_boot, f"clusters/{c}") for i in range(2)]
+            dd = [delta(cols[arm], cols["checker"], rows, i, n_boot, f"clusters/{c}") for i in range(2)]
             dg = gaps[c]
             ds = [delta(cols["checker"], sft, rows, i, n_boot, f"clusters/{c}", fixed_b=True) for i in range(2)]
             for key, d in zip(("pass@1", "coverage", "gap"), (*dd, dg)):
                 pooled_in.setdefault((c, key), []).append(d)
             print(f"  {c:8s} | {shares[c]:.3f} → {weights[c]:.3f} (×{weights[c] / shares[c]:.2f}) | "
                   f"{ci(dd[0])}, {ci(dd[1])}, {ci(dg)} | {ci(ds[0])}, {ci(ds[1])}")
-    print(f"\npooled over {len(experiments)} experiments (inverse between-seed variance; the item variance whole):")
+    n = len(next(iter(pooled_in.values())))
+    print(f"\npooled over {n} experiments (inverse between-seed variance; the item variance whole):")
     for (c, key), ds in pooled_in.items():
         v, lo, hi = pooled(ds)
         print(f"  {c:8s} {key:9s} {v:+.3f} [{lo:+.3f}, {hi:+.3f}]   per experiment: "
@@ -95,6 +99,7 @@ def main(experiments: list[str], n_boot: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="*", default=list(EXPERIMENTS), help="folders under reports/experiments")
+    ap.add_argument("--arm", default="density", help="the sampling arm read against uniform (density, balanced)")
     ap.add_argument("--n-boot", type=int, default=400)
     args = ap.parse_args()
-    main(args.experiments, args.n_boot)
+    main(args.experiments, args.arm, args.n_boot)
