@@ -1,0 +1,41 @@
+"""Would pairing the arms' runs by seed shrink a task comparison's variance? From committed experiments' metrics.
+
+stats.pooled_delta(paired=True) reads run i of the treatment against run i of the control when both share a training
+seed's random streams; it pays only where the two correlate. Per experiment and comparison this prints the
+correlation of the per-seed frontier gaps at the same seed number and the between-seed variance of the difference,
+unpaired (each arm's variance of its mean, added) and paired (the variance of the per-seed differences' mean). The
+frontier gap stands in for the matched reading, whose per-run values are not committed. Log: docs/LOG.md, 2026-11-28.
+
+    python analysis/task_pairing.py    # the four committed 609-item density experiments
+"""
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+EXPERIMENTS = ("task-density-609-items", "task-density-609-items-replication", "task-density-matched",
+               "task-density-matched-replication")
+ROOT = Path("reports/experiments")
+
+
+def main(experiments: list[str]) -> None:
+    for name in experiments:
+        metrics = json.loads((ROOT / name / "metrics" / "task.json").read_text())
+        gaps = metrics["frontier_gap"]
+        for comp in metrics["comparisons"]:
+            a, b = comp.split(":")
+            x, y = (np.array(gaps[arm]["per_seed"], dtype=float) for arm in (a, b))  # seed order, as the runs sort
+            if len(x) != len(y):
+                print(f"{name} {comp}: {len(x)} and {len(y)} runs, no pairs")
+                continue
+            unpaired = x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y)
+            paired = (x - y).var(ddof=1) / len(x)
+            print(f"{name} {comp}: {len(x)} pairs, r {np.corrcoef(x, y)[0, 1]:+.2f}; between-seed variance of the "
+                  f"difference unpaired {unpaired:.5f}, paired {paired:.5f} ({paired / unpaired - 1:+.0%})")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiments", nargs="*", default=list(EXPERIMENTS), help="folders under reports/experiments")
+    main(ap.parse_args().experiments)
