@@ -10,13 +10,9 @@ frontier gap stands in for the matched reading, whose per-run values are not com
 """
 import argparse
 import json
-from pathlib import Path
 
 import numpy as np
-
-EXPERIMENTS = ("task-density-609-items", "task-density-609-items-replication", "task-density-matched",
-               "task-density-matched-replication")
-ROOT = Path("reports/experiments")
+from task_clusters import EXPERIMENTS, ROOT  # the same four experiments (analysis/ is on the path when run as a script)
 
 
 def main(experiments: list[str]) -> None:
