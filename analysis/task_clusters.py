@@ -29,7 +29,6 @@ from speedrun.eval.task_track import curve_columns, item_draws, per_item
 EXPERIMENTS = ("task-density-609-items", "task-density-609-items-replication", "task-density-matched",
                "task-density-matched-replication")
 ROOT = Path("reports/experiments")
-COLS = ("pass@1", "coverage")
 
 
 def cluster_columns(answers: pd.DataFrame, models: list[str], temperature: float) -> tuple[np.ndarray, np.ndarray]:

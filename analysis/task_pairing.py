@@ -21,7 +21,7 @@ def main(experiments: list[str]) -> None:
         gaps = metrics["frontier_gap"]
         for comp in metrics["comparisons"]:
             a, b = comp.split(":")
-            x, y = (np.array(gaps[arm]["per_seed"], dtype=float) for arm in (a, b))  # seed order, as the runs sort
+            x, y = (np.array(gaps[arm]["per_seed"], dtype=float) for arm in (a, b))  # both in task.seeds order
             if len(x) != len(y):
                 print(f"{name} {comp}: {len(x)} and {len(y)} runs, no pairs")
                 continue
