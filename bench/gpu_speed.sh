@@ -4,6 +4,7 @@
 #   OUT=/tmp/gpu_speed PARTS=trained bash bench/gpu_speed.sh   # needs outs/sft, outs/rm, outs/tokenizer, data/prompts
 #   OUT=/tmp/gpu_speed PARTS=ladder bash bench/gpu_speed.sh    # the same, issue 44's figures (about 4 minutes)
 #   OUT=/tmp/gpu_speed PARTS=step BASE=gpu_base bash bench/gpu_speed.sh   # the step's phases, against BASE's code
+#   OUT=/tmp/gpu_speed PARTS=graphs BASE=gpu_base [ROUNDS="1 2"] [GRAPH_EXTRAS="default phases 64x16"] bash ...
 # grpo: GRPO step completion tokens/s at depth 8, random init, no stop token (8 x 8 x 48, the old reports/gpu
 #   figure, and 256 x 16 x 48, a batch that fills the device), eager ("dynamic") against the CUDA-graph decode
 #   ("compiled"). A step's first use of a shape pays one-off costs: the median is over --steps after one warm-up
@@ -19,6 +20,9 @@
 # step: the trained stop-token step on the stages' CUDA settings (ladder, captured decode, cuDNN attention off) and
 #   the same step without the stop token, alternating with BASE's code where given; one forward per batch against
 #   the CPU's grouping (--forward-cost 32); where the step's time goes (bench/grpo_phases.py); 64 x 16.
+# graphs: the trained stop-token step with the scoring forwards (RM, reference, policy) as one joint forward per
+#   batch, eager and compiled (reduce-overhead: CUDA graphs, forward and backward), against BASE's code, alternating;
+#   GRAPH_EXTRAS: default-mode compile, the step's phases, 64 x 16.
 # pretrain: MFU at depth 16 (batch 32 x 1024, vocab 32768, bf16 compiled) against the published 989 TFLOP/s and
 #   a measured 8192^3 peak. sampler: engine.generate alone (8 x 8 and 256 x 16 rows x 64 tokens, three decodes).
 # Each bench runs under its own time limit, so one that fails or hangs leaves the others their figures; full logs
@@ -90,6 +94,29 @@ if has step; then  # the stop-token step against the fixed-shape one, this tree 
   run phases_stop 60 python3 bench/grpo_phases.py --device cuda --dtype bf16 --threads 8 --decode compiled --steps 8
   run stop_64x16 50 $G --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 6 --prompts-per-step 64 \
     --group-size 16
+fi
+if has graphs; then  # the joint scoring forward (one forward per batch over [prompt | completion]), eager and
+  # compiled (--compile-forwards: reduce-overhead = CUDA graphs), against BASE's code (prefill + continuation)
+  T="$G --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 8"
+  B="env PYTHONPATH=$BASE/src python3 $BASE/bench/grpo_throughput.py --device cuda --dtype bf16 --threads 8"
+  B="$B --trained --decode compiled --width-step 64 --no-cudnn-sdpa --steps 8"
+  for round in ${ROUNDS:-1 2}; do  # alternating: the device's clocks drift
+    run base_stop_r$round 45 $B
+    run joint_stop_r$round 45 $T
+    run joint_ro_stop_r$round 150 $T --compile-forwards reduce-overhead
+    [ $round = 1 ] && run joint_ro_nostop 60 $T --compile-forwards reduce-overhead --no-stop
+    [ $round = 1 ] && run base_nostop 40 $B --no-stop
+  done
+  for part in $GRAPH_EXTRAS; do
+    case $part in
+      default) run joint_default_stop 120 $T --compile-forwards default ;;
+      phases) run phases_ro 70 python3 bench/grpo_phases.py --device cuda --dtype bf16 --threads 8 --decode compiled \
+        --steps 8 --compile-forwards reduce-overhead --profile 12 ;;
+      64x16) run ro_64x16_stop 80 $T --compile-forwards reduce-overhead --prompts-per-step 64 --group-size 16 --steps 6
+        run ro_64x16_nostop 60 $T --compile-forwards reduce-overhead --prompts-per-step 64 --group-size 16 --steps 6 \
+          --no-stop ;;
+    esac
+  done
 fi
 if has pretrain; then
   run pretrain_d16 140 python3 bench/train_throughput.py --device cuda --depth 16 --seq-len 1024 --batch 32 \

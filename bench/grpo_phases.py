@@ -19,7 +19,7 @@ from speedrun.engine import generate, sequence_logprobs
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
-from speedrun.shapes import set_forward_cost, use_shapes
+from speedrun.shapes import set_forward_compile, set_forward_cost, use_shapes
 from speedrun.train.checkpoint import load_model
 from speedrun.train.loop import autocast
 
@@ -27,13 +27,15 @@ PHASES = ("sampling", "RM scoring", "reference log-probs", "policy forward", "ba
 
 
 def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "dynamic", width_step: int = -1,
-         device: str = "cpu", forward_cost: int = -1, stop: bool = True, profile: int = 0) -> None:
+         device: str = "cpu", forward_cost: int = -1, stop: bool = True, profile: int = 0,
+         compile_forwards: str = "") -> None:
     torch.set_num_threads(threads)
     cfg = params.load().grpo.train
     device = pick_device(device)
     wstep = use_shapes(params.load().compute.width_step if width_step < 0 else width_step, device)
     if forward_cost >= 0:
         set_forward_cost(forward_cost)
+    set_forward_compile(compile_forwards)
     bf16 = use_bf16(dtype, device)
     tok = tokenizer_lib.load(Path("outs/tokenizer"))
     policy, _ = load_model(Path("outs/sft"), device, tok.digest)
@@ -73,7 +75,8 @@ def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "
             lengths.append(length)
     total = sum(seconds.values())
     print(f"{B} prompts x {G} samples x <= {cfg.max_new_tokens} tokens, {device} {'bf16' if bf16 else 'fp32'}, "
-          f"decode {decode}, width step {wstep}, {threads} threads: {total / steps:.4f} s per step; completions "
+          f"decode {decode}, scoring forwards {compile_forwards or 'eager'}, width step {wstep}, {threads} threads: "
+          f"{total / steps:.4f} s per step; completions "
           f"{sum(lengths) / len(lengths):.1f} tokens on average, {sum(lengths) * B * G / total:,.0f} completion tok/s"
           f"{'' if stop else ' (no stop token)'}")
     for name, sec in seconds.items():
@@ -109,4 +112,6 @@ if __name__ == "__main__":
     ap.add_argument("--forward-cost", type=int, default=-1,
                     help="padded tokens one more forward costs when rows are grouped by length (-1: the device's "
                          "value, shapes.use_shapes)")
+    ap.add_argument("--compile-forwards", type=str, default="",
+                    help="torch.compile mode of the joint scoring forwards: '' eager, default, reduce-overhead")
     main(**vars(ap.parse_args()))

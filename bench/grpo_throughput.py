@@ -26,7 +26,7 @@ from speedrun.reward.preference import RewardModel
 from speedrun.rl.prompts import load_prompts
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
-from speedrun.shapes import forward_cost as current_forward_cost, set_forward_cost, use_shapes
+from speedrun.shapes import forward_cost as current_forward_cost, set_forward_compile, set_forward_cost, use_shapes
 from speedrun.shapes import width_step as current_width_step
 from speedrun.train.checkpoint import load_model
 
@@ -34,12 +34,13 @@ from speedrun.train.checkpoint import load_model
 def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_step: int = 8, group_size: int = 8,
          max_new_tokens: int = 48, steps: int = 6, threads: int = 2, device: str = "auto", dtype: str = "auto",
          decode: str = "dynamic", trained: bool = False, stop: bool = True, width_step: int = -1,
-         cudnn_sdpa: bool = False, forward_cost: int = -1) -> None:
+         cudnn_sdpa: bool = False, forward_cost: int = -1, compile_forwards: str = "") -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
     use_shapes(params.load().compute.width_step if width_step < 0 else width_step, device)  # the stages' settings
     if forward_cost >= 0:
         set_forward_cost(forward_cost)
+    set_forward_compile(compile_forwards)
     if device == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
     torch.manual_seed(0)
@@ -70,7 +71,8 @@ def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_st
           f"{policy.config.depth}, {policy.num_params() / 1e6:.2f}M params, vocab {policy.config.vocab_size}, {device} "
           f"{'bf16' if cfg.bf16 else 'fp32'}, {threads} thread(s)"
           f"{'' if device != 'cuda' else ', cuDNN attention ' + ('allowed' if cudnn_sdpa else 'off')}, "
-          f"width step {current_width_step()}, forward cost {current_forward_cost()}, decode {decode}; "
+          f"width step {current_width_step()}, forward cost {current_forward_cost()}, decode {decode}, "
+          f"scoring forwards {compile_forwards or 'eager'}; "
           f"{prompts_per_step} prompts x {group_size} samples x {max_new_tokens} new tokens per step; "
           f"load average {os.getloadavg()[0]:.2f} (other jobs on the machine skew the figures)", flush=True)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -120,4 +122,7 @@ if __name__ == "__main__":
     ap.add_argument("--forward-cost", type=int, default=-1,
                     help="padded tokens one more forward costs when rows are grouped by length (-1: the device's "
                          "value, shapes.use_shapes: 32 on CPU, one forward per batch on CUDA)")
+    ap.add_argument("--compile-forwards", type=str, default="",
+                    help="torch.compile mode of the joint scoring forwards (shapes.set_forward_compile): '' eager, "
+                         "default, reduce-overhead (CUDA graphs)")
     main(**vars(ap.parse_args()))

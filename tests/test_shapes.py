@@ -10,7 +10,7 @@ from speedrun.reward.preference import RewardModel
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
 from speedrun.shapes import ONE_FORWARD, ladder, ladder_sizes, length_groups, resolve_width_step, round_up
-from speedrun.shapes import using_width_step
+from speedrun.shapes import count_shapes, set_forward_compile, using_width_step
 
 torch.set_num_threads(1)
 
@@ -62,8 +62,8 @@ def test_bounded_shapes_sample_score_and_train_the_same(decode):
     torch.nn.init.normal_(rm.head.weight, std=0.5)
     u = torch.rand(len(PROMPTS) * 6, 24, generator=torch.Generator().manual_seed(0))
     out = {}
-    for step in (1, 16, 64):
-        with using_width_step(step):
+    for step, cost in ((1, None), (16, None), (64, None), ("cuda", ONE_FORWARD)):  # cuda: one joint forward per batch
+        with using_width_step(64 if step == "cuda" else step, forward_cost=cost):
             with torch.no_grad():
                 s = generate(model.eval(), PROMPTS, 6, 24, stop_id=4, pad_id=0, uniforms=u, decode=decode)
                 r = score_samples(rm, PROMPTS, s, 0, standardise=False)
@@ -73,7 +73,7 @@ def test_bounded_shapes_sample_score_and_train_the_same(decode):
             out[step] = s, r, lp.detach(), [p.grad.clone() for p in model.parameters()]
     s1, r1, lp1, g1 = out[1]
     assert 0 < int((s1.mask.sum(1) < 24).sum()) < len(s1.mask)  # some rows stopped early, some ran to the end
-    for step in (16, 64):
+    for step in (16, 64, "cuda"):
         s, r, lp, g = out[step]
         assert torch.equal(s.tokens, s1.tokens) and torch.equal(s.mask, s1.mask)
         torch.testing.assert_close(s.logprobs, s1.logprobs, atol=1e-5, rtol=1e-5)
@@ -82,6 +82,35 @@ def test_bounded_shapes_sample_score_and_train_the_same(decode):
         torch.testing.assert_close(r, r1, atol=1e-5, rtol=1e-5)
         for a, b in zip(g, g1):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_the_joint_forward_runs_compiled():
+    """The joint scoring forward compiled (shapes.forward_compile; reduce-overhead on a GPU) gives the eager numbers."""
+    model = tiny(0)
+    u = torch.rand(len(PROMPTS) * 3, 12, generator=torch.Generator().manual_seed(0))
+    with using_width_step(16, forward_cost=ONE_FORWARD), torch.no_grad():
+        s = generate(model.eval(), PROMPTS, 3, 12, stop_id=4, pad_id=0, uniforms=u)
+    out, frames = [], torch._dynamo.utils.counters["frames"]
+    for mode in ("", "default"):
+        set_forward_compile(mode)
+        try:
+            with using_width_step(16, forward_cost=ONE_FORWARD), count_shapes() as shapes:
+                compiled_before = frames["ok"]
+                for step in range(3):  # GRPO steps: the counter's mark changes; nothing recompiles
+                    shapes.mark(step)
+                    model.zero_grad()
+                    lp = sequence_logprobs(model, PROMPTS, s.tokens, mask=s.mask)
+                    lp.sum().backward()
+        finally:
+            set_forward_compile("")
+        out.append((lp.detach(), model.lm_head.weight.grad.clone(), dict(shapes.counts),
+                    frames["ok"] - compiled_before))
+    assert out[0][3] == 0 and out[1][3] == 1  # one compile for three steps' forwards
+    assert out[1][2] == out[0][2] and sum(out[1][2].values()) == 3  # the compiled forwards counted as the eager ones
+    torch.testing.assert_close(out[1][0], out[0][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1][1], out[0][1], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="forward compile mode"):
+        set_forward_compile("fast")
 
 
 def micro_grpo(decode: str, warm_up: bool, steps: int = 12):

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model import GPT, KVCache
-from speedrun.shapes import ladder, length_groups, record, round_up, width_step
+from speedrun.shapes import forward_compile, forward_cost, ladder, length_groups, record, round_up
+from speedrun.shapes import scoring_hidden, width_step
 from speedrun.tokenizer import Tokenizer
 
 
@@ -302,9 +303,11 @@ def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: T
     (length_groups) and the states past a row's length are 0, so padding costs (almost) nothing."""
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, tokens.device)
     B, P = prompt_ids.shape
+    N, T = tokens.shape
+    if T and width_step() > 1 and (N - B) * P < forward_cost():  # the prompt repeated costs less than a forward
+        return joint_hidden(model, prompt_ids, prompt_mask, tokens, prompt_index, pad_id, lengths)
     cache = PrefixCache(model.config, B, P + round_up(tokens.size(1), width_step()), tokens.device)
     last = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache)[:, -1]  # left padding: -1 is real
-    N, T = tokens.shape
     if T == 0:
         return last.index_select(0, prompt_index), last.new_zeros(N, 0, last.size(-1))
     step = width_step()
@@ -325,6 +328,27 @@ def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: T
         rows_t = torch.tensor(rows, device=tokens.device)
         hidden[rows_t, :w] = model.hidden(tokens[rows_t, :w], kv_cache=cache.select(prompt_index[rows_t]))
     return last.index_select(0, prompt_index), hidden[:, :T]
+
+
+def joint_hidden(model: GPT, prompt_ids: Tensor, prompt_mask: Tensor, tokens: Tensor, prompt_index: Tensor,
+                 pad_id: int, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+    """continuation_hidden as one forward over [prompt | completion] rows at ladder widths (each prompt repeated
+    for its rows): no prefill, cache gather and second forward, so on a GPU, where a small forward costs its
+    launches and not its tokens, fewer launches; no device sync, so it can run compiled (shapes.forward_compile)."""
+    N, T = tokens.shape
+    P = prompt_ids.size(1)
+    tokens = F.pad(tokens, (0, round_up(T, width_step()) - T), value=pad_id)  # pads after every real token
+    ids = torch.cat([prompt_ids.index_select(0, prompt_index), tokens], 1)
+    key_mask = torch.cat([prompt_mask.index_select(0, prompt_index), torch.ones_like(tokens, dtype=torch.bool)], 1)
+    if forward_compile():  # the compiled forward records nothing itself (shapes.record)
+        record("attention", ids.size(0), ids.size(1), ids.size(1), True)
+    if forward_compile() == "reduce-overhead":  # each forward its own CUDA-graph root: not a child of whichever
+        torch.compiler.cudagraph_mark_step_begin()  # decode step or forward ran last (a new capture every step)
+    h = scoring_hidden(model)(ids, key_mask=key_mask, padded=True)
+    states = h[:, P:P + T]
+    if lengths is not None:  # as continuation_hidden: no state past a row's length
+        states = states * (torch.arange(T, device=h.device) < lengths.to(h.device)[:, None])[..., None]
+    return h[:, P - 1], states
 
 
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,

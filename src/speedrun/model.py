@@ -189,11 +189,13 @@ class GPT(nn.Module):
             nn.init.zeros_(block.mlp.c_proj.weight)
 
     def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
-               kv_cache: KVCache | None = None) -> Tensor:
+               kv_cache: KVCache | None = None, padded: bool | None = None) -> Tensor:
         """Final normed hidden states [B, T, C].
 
         key_mask [B, T] bool: False marks padding (never attended to; real tokens are numbered 0, 1, ... per row
-        unless `positions` [B, T] is given). With kv_cache the tokens are appended to the cache.
+        unless `positions` [B, T] is given). With kv_cache the tokens are appended to the cache. padded (no cache):
+        whether key_mask has a False entry, where the caller knows; None checks (a device sync, and a graph break
+        under torch.compile).
         """
         B, T = idx.shape
         offset = 0 if kv_cache is None else kv_cache.pos
@@ -207,7 +209,7 @@ class GPT(nn.Module):
             kv_cache.valid[:, offset:offset + T] = key_mask
             padded = kv_cache.padded
         else:
-            padded = key_mask is not None and not bool(key_mask.all())
+            padded = key_mask is not None and (padded or padded is None and not bool(key_mask.all()))
             if positions is None:
                 positions = ((key_mask.long().cumsum(1) - 1).clamp(min=0) if padded
                              else torch.arange(T, device=idx.device)[None])

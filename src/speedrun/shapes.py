@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -24,6 +24,7 @@ _STEP = [1]  # the process's width step (compute.width_step, set by the stage); 
 # a small forward is bound by its kernel launches, so a batch runs in one forward (set by use_shapes)
 _FORWARD_COST = [32]
 ONE_FORWARD = 1 << 30
+_FORWARD_COMPILE = [""]  # the torch.compile mode of the joint scoring forwards ("" = eager; set by use_shapes)
 
 
 def width_step() -> int:
@@ -48,6 +49,30 @@ def set_forward_cost(tokens: int) -> None:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"forward cost must be an int >= 0, not {tokens!r}")
     _FORWARD_COST[0] = tokens
+
+
+def forward_compile() -> str:
+    """The torch.compile mode the joint scoring forwards (engine.joint_hidden) run in; "" = eager."""
+    return _FORWARD_COMPILE[0]
+
+
+def set_forward_compile(mode: str) -> None:
+    if mode not in ("", "default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"forward compile mode must be '', default, reduce-overhead or max-autotune-no-cudagraphs, "
+                         f"not {mode!r}")
+    _FORWARD_COMPILE[0] = mode
+
+
+def scoring_hidden(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
+    """model.hidden, or, where forward_compile() names a torch.compile mode, model.hidden compiled in it (one
+    per model, static shapes: the ladder keeps them few)."""
+    mode = forward_compile()
+    if not mode:
+        return model.hidden
+    if getattr(model, "_compiled_hidden", (None,))[0] != mode:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # models x widths
+        model._compiled_hidden = (mode, torch.compile(model.hidden, mode=mode, dynamic=False))
+    return model._compiled_hidden[1]
 
 
 def resolve_width_step(step: int, device: str) -> int:
@@ -131,8 +156,9 @@ class ShapeCounter:
 
 
 def record(kind: str, *shape: object) -> None:
-    """Note one call's shape in every active counter (a no-op, one list check, when none is)."""
-    if _ACTIVE:
+    """Note one call's shape in every active counter (a no-op, one list check, when none is). Not inside code that
+    torch.compile traces (it would guard on the counters' state and recompile every step): the caller records."""
+    if _ACTIVE and not torch.compiler.is_compiling():
         key = (kind, *shape)
         for c in _ACTIVE:
             c.counts[key] += 1
