@@ -106,6 +106,7 @@ if has graphs; then  # the joint scoring forward (one forward per batch over [pr
     run joint_ro_stop_r$round 150 $T --compile-forwards reduce-overhead
     [ $round = 1 ] && run joint_ro_nostop 60 $T --compile-forwards reduce-overhead --no-stop
     [ $round = 1 ] && run base_nostop 40 $B --no-stop
+    [ $round = 1 ] && run joint_nostop 40 $T --no-stop  # the fixed-shape figure of this tree's step
   done
   for part in $GRAPH_EXTRAS; do
     case $part in
