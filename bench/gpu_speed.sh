@@ -5,6 +5,7 @@
 #   OUT=/tmp/gpu_speed PARTS=ladder bash bench/gpu_speed.sh    # the same, issue 44's figures (about 4 minutes)
 #   OUT=/tmp/gpu_speed PARTS=step BASE=gpu_base bash bench/gpu_speed.sh   # the step's phases, against BASE's code
 #   OUT=/tmp/gpu_speed PARTS=graphs BASE=gpu_base [ROUNDS="1 2"] [GRAPH_EXTRAS="default phases 64x16"] bash ...
+#     (ROUNDS=1 with no extras: at most 380 s; carry outs/sft, outs/rm, outs/tokenizer, data/prompts and gpu_base)
 # grpo: GRPO step completion tokens/s at depth 8, random init, no stop token (8 x 8 x 48, the old reports/gpu
 #   figure, and 256 x 16 x 48, a batch that fills the device), eager ("dynamic") against the CUDA-graph decode
 #   ("compiled"). A step's first use of a shape pays one-off costs: the median is over --steps after one warm-up
