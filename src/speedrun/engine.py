@@ -340,9 +340,10 @@ def joint_hidden(model: GPT, prompt_ids: Tensor, prompt_mask: Tensor, tokens: Te
     tokens = F.pad(tokens, (0, round_up(T, width_step()) - T), value=pad_id)  # pads after every real token
     ids = torch.cat([prompt_ids.index_select(0, prompt_index), tokens], 1)
     key_mask = torch.cat([prompt_mask.index_select(0, prompt_index), torch.ones_like(tokens, dtype=torch.bool)], 1)
-    if forward_compile():  # the compiled forward records nothing itself (shapes.record)
+    mode = forward_compile()
+    if mode:  # the compiled forward records nothing itself (shapes.record)
         record("attention", ids.size(0), ids.size(1), ids.size(1), True)
-    if forward_compile() == "reduce-overhead":  # each forward its own CUDA-graph root: not a child of whichever
+    if mode == "reduce-overhead":  # each forward its own CUDA-graph root: not a child of whichever
         torch.compiler.cudagraph_mark_step_begin()  # decode step or forward ran last (a new capture every step)
     h = scoring_hidden(model)(ids, key_mask=key_mask, padded=True)
     states = h[:, P:P + T]

@@ -24,7 +24,7 @@ _STEP = [1]  # the process's width step (compute.width_step, set by the stage); 
 # a small forward is bound by its kernel launches, so a batch runs in one forward (set by use_shapes)
 _FORWARD_COST = [32]
 ONE_FORWARD = 1 << 30
-_FORWARD_COMPILE = [""]  # the torch.compile mode of the joint scoring forwards ("" = eager; set by use_shapes)
+_FORWARD_COMPILE = [""]  # the torch.compile mode of the joint scoring forwards ("" = eager; a bench flag for now)
 
 
 def width_step() -> int:
