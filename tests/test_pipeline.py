@@ -213,15 +213,16 @@ def _two_processes_match_one(repo: Path, elsewhere: Path) -> None:
 
 
 def _queued_experiment_and_frontier(repo: Path) -> None:
-    """The README's recipe: metrics, a queued experiment on beta, the frontier."""
-    # the README's comparison recipe: metrics side by side, then an experiment on beta
+    """The README's recipe: metrics, a queued experiment, the frontier of a sweep."""
+    # the README's comparison recipe: metrics side by side, then an experiment
     show = dvc(repo, "metrics", "show")
     assert "grpo_density_s1" in show and "density_vs_baseline" in show
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "baseline run")
-    # an experiment on beta, run the way the README's sweep runs it: queued, then a queue worker runs it in its own
-    # workspace (one queued value keeps the suite short; DVC expands 'beta=0.01,0.1' into one queued run per value)
-    dvc(repo, "exp", "run", "--queue", "-n", "beta-0.1", "-S", "beta=0.1")
+    # an experiment run the way the README's sweep runs it: queued, then a queue worker runs it in its own workspace
+    # (one queued value, 'a,b' expands to one run per value: test_params.py). Its knob is the chat GRPO runs' lr, not
+    # the README's beta, which every GRPO stage reads: the same queue, without rerunning the task and adversarial runs
+    dvc(repo, "exp", "run", "--queue", "-n", "lr-2e-4", "-S", "grpo.train.lr=0.0002")
     dvc(repo, "queue", "start")
     for _ in range(600):
         status = dvc(repo, "queue", "status")
@@ -229,22 +230,21 @@ def _queued_experiment_and_frontier(repo: Path) -> None:
             break
         time.sleep(1)
     assert "Failed" not in status, status
-    stages = ran(dvc(repo, "queue", "logs", "beta-0.1"))
-    assert {f"grpo@{v}-{k}" for v in ("density", "baseline", "tic_2") for k in (1, 2)} | {"eval_diversity"} <= stages
-    assert not stages & {"corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
-                         "train_rm"}, stages  # every upstream artifact, stats files included, comes from the cache
-    diff = dvc(repo, "exp", "diff", "HEAD", "beta-0.1")
-    assert "beta" in diff and "reports/metrics/grpo/" in diff  # (micro diversity metrics may not move)
-    assert "reports/metrics/grpo/" in dvc(repo, "metrics", "diff", "HEAD", "beta-0.1")
-    # then the reward-diversity frontier of all runs
+    stages = ran(dvc(repo, "queue", "logs", "lr-2e-4"))
+    assert stages == {"preflight", "eval_diversity"} | {f"grpo@{v}-{k}" for v in ("density", "baseline", "tic_2")
+                                                         for k in (1, 2)}, stages  # the rest from the cache
+    diff = dvc(repo, "exp", "diff", "HEAD", "lr-2e-4")
+    assert "grpo.train.lr" in diff and "reports/metrics/grpo/" in diff  # (micro diversity metrics may not move)
+    assert "reports/metrics/grpo/" in dvc(repo, "metrics", "diff", "HEAD", "lr-2e-4")
+    # then the reward-diversity frontier of all runs, along the swept knob
     (repo / "exps.json").write_text(dvc(repo, "exp", "show", "--json"))
-    res = subprocess.run([sys.executable, "-m", "speedrun.frontier", "--show-json", "exps.json",
-                          "--out", "frontier.png"], cwd=repo, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "speedrun.frontier", "--show-json", "exps.json", "--sweep",
+                          "grpo.train.lr", "--out", "frontier.png"], cwd=repo, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(repo / "src")))
     assert res.returncode == 0, res.stderr
-    for beta in ("0.1", "0.04"):
+    for lr in ("0.0002", "0.0001"):
         for variant in ("density", "baseline"):
-            assert f"| {beta} | {variant} |" in res.stdout, (beta, variant, res.stdout)
+            assert f"| {lr} | {variant} |" in res.stdout, (lr, variant, res.stdout)
     assert (repo / "frontier.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -293,7 +293,7 @@ def _unknown_keys_stop_before_any_stage(repo: Path) -> None:
     assert ran(res.stdout) == {"preflight"} and all((repo / a).read_bytes() == b for a, b in kept.items())
 
 
-@pytest.mark.e2e
+@pytest.mark.e2e(first=True)
 def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
     _first_repro(repo)
