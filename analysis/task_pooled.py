@@ -1,0 +1,76 @@
+"""Density against uniform at equal pass@1: the pre-registered matched run and its replication read as one design.
+
+task-density-matched (seeds 701-740 per arm) and task-density-matched-replication (801-840) ran the same command on
+the same 609 held-out items and task SFT model, differing only in their training seeds. Each was analysed alone, as
+its plan fixed. This script reads both from their committed answers (every run's answers at T = 0.75, 1, 1.25 and the
+SFT model's at seven temperatures), first recomputes each run's own primary with task_compare.compare_arms, the
+function task_eval called (it must equal the committed metrics), then the two together: 80 runs per arm, read at the
+pooled uniform arm's pass@1, with the same interval over seeds and items, MDE and pass@1 non-inferiority. A post-hoc
+summary of two reported runs, not a new test: the family's call stays the first run's (reports/experiments).
+
+    python analysis/task_pooled.py      # about 5 minutes on a 2-core CPU (bootstraps over 160 runs)
+"""
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from speedrun import params
+from speedrun.eval.task_compare import compare_arms
+
+ROOT = Path("reports/experiments")
+RUNS = ("task-density-matched", "task-density-matched-replication")
+COMPARISON = "density:checker"
+
+
+def load(folder: Path) -> tuple[dict, dict]:
+    """(SFT answers per temperature, per arm the runs' answers per temperature in seed order) of one experiment."""
+    answers = pd.read_parquet(folder / "answers.parquet", columns=["model", "temperature", "item_id", "cluster",
+                                                                   "answer"])
+    sft = {float(t): a for t, a in answers[answers.model == "task_sft"].groupby("temperature")}
+    curves: dict[str, list[dict]] = {}
+    for model, a in answers[answers.model != "task_sft"].groupby("model"):
+        arm, seed = model.rsplit("_s", 1)
+        curves.setdefault(arm, []).append((int(seed), {float(t): x for t, x in a.groupby("temperature")}))
+    return sft, {arm: [c for _, c in sorted(runs, key=lambda r: r[0])] for arm, runs in curves.items()}
+
+
+def compare(sft: dict, curves: dict) -> dict:
+    """compare_arms as task_eval calls it with the experiments' params (matched primary, the GRPO temperature 1)."""
+    p = params.load(Path("params.yaml"))
+    c = p.task.eval
+    k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
+    arms = {arm: [run[1.0] for run in runs] for arm, runs in curves.items()}
+    return compare_arms(sft, arms, [COMPARISON], c.n_boot, p.seed, k_values, c.pass1_margin, c.mde_share, curves,
+                        1.0, "matched")[COMPARISON]
+
+
+def line(name: str, r: dict, runs: int) -> str:
+    m, p1 = r["matched"], r["pass@1"]
+    return (f"| {name} | {runs} | {m['value']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] | {m['collapse']:.3f} | "
+            f"{m['mde']:.3f} ({m['mde'] / m['collapse']:.0%}) | {m['between_var']:.6f} | {m['prompt_var']:.6f} | "
+            f"{p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}] vs −{p1['margin']:.3f}: {p1['verdict']} |")
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    rows = ["| runs | seeds per arm | Δ coverage at equal pass@1 [95% CI] | collapse | MDE (of the collapse) | "
+            "between-seed var | item var | Δ pass@1 [95% CI] vs margin |", "|---|---:|---|---:|---:|---:|---:|---|"]
+    loaded = {name: load(ROOT / name) for name in RUNS}
+    for name, (sft, curves) in loaded.items():
+        r = compare(sft, curves)
+        committed = json.loads((ROOT / name / "metrics/task.json").read_text())["comparisons"][COMPARISON]
+        for key in ("value", "ci_low", "ci_high", "mde"):
+            assert abs(r["matched"][key] - committed["matched"][key]) < 1e-4, (name, key, r["matched"][key],
+                                                                             committed["matched"][key])
+        rows.append(line(name, r, len(curves["checker"])))
+    first, second = (loaded[n] for n in RUNS)
+    assert all(first[0][t].equals(second[0][t]) for t in first[0]), "the two runs' task SFT answers differ"
+    both = {arm: first[1][arm] + second[1][arm] for arm in first[1]}
+    rows.append(line("both, pooled (post hoc)", compare(first[0], both), len(both["checker"])))
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
