@@ -14,6 +14,9 @@ the design, not a test: its runs' results at the GRPO temperature are already kn
     # from a workspace holding the runs (outs/task_grpo, data/task, outs/tokenizer), answers at T = 1 committed:
     python analysis/task_matched.py reports/experiments/<experiment>/answers.parquet density:checker \
         balanced:checker --temperatures 0.75,1.25 --extra reports/experiments/<experiment>/answers_matched.parquet
+    # a run sampled at several temperatures already (task.eval.run_temperatures), a cooler one added, read paired:
+    python analysis/task_matched.py F/answers.parquet balanced:checker --extra F/answers.parquet,F/answers_t05.parquet \
+        --paired --collapse 0.283 --m 1,6
 """
 import argparse
 from pathlib import Path
@@ -50,26 +53,34 @@ def sample_extra(models: list[str], temperatures: list[float], runs_dir: Path, o
     return extra
 
 
-def report(name: str, a: np.ndarray, b: np.ndarray, collapse: float, ms: list[int]) -> None:
-    d = pooled_delta(a[0], b[0], a[1:], b[1:])
-    r = a.shape[1]
-    cells = []
-    for m in ms:
-        x = mde(d["between_var"], d["prompt_var"], r, r, m)
-        need = runs_needed(d["between_var"], d["prompt_var"], r, 0.3 * collapse, m)
-        cells.append(f"MDE (Holm over {m}) {x:.3f} = {x / collapse:.0%} of the collapse, seeds/arm for 30%: {need}")
-    print(f"  {name}: Δ {d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]; between-run var "
-          f"{d['between_var']:.5f}, item var {d['prompt_var']:.5f}\n    " + "\n    ".join(cells))
+def report(name: str, a: np.ndarray, b: np.ndarray, collapse: float, ms: list[int], paired: bool = False) -> None:
+    """Δ with its interval, variance terms and MDE; with `paired`, also read with run i of each arm as one pair (the
+    same training seed; stats.pooled_delta(paired=True)) and the correlation of the pairs' readings."""
+    for pair in (False, True) if paired else (False,):
+        d = pooled_delta(a[0], b[0], a[1:], b[1:], paired=pair)
+        r = a.shape[1]
+        cells = []
+        for m in ms:  # stats.mde's df is 2r - 2, the unpaired one: a paired design's (r - 1) makes it slightly larger
+            x = mde(d["between_var"], d["prompt_var"], r, r, m)
+            need = runs_needed(d["between_var"], d["prompt_var"], r, 0.3 * collapse, m)
+            cells.append(f"MDE (Holm over {m}) {x:.3f} = {x / collapse:.0%} of the collapse, seeds/arm for 30%: {need}")
+        how = f"paired (r = {np.corrcoef(a[0], b[0])[0, 1]:+.2f})" if pair else "unpaired"
+        print(f"  {name}, {how}: Δ {d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]; between-run var "
+              f"{d['between_var']:.5f}, item var {d['prompt_var']:.5f}\n    " + "\n    ".join(cells))
 
 
 def main(answers: str, comparisons: list[str], temperatures: list[float], extra_path: str, runs_dir: str,
-         arm_t: float, ms: list[int], n_boot: int) -> None:
+         arm_t: float, ms: list[int], n_boot: int, paired: bool = False, collapse_at: float = 0.0) -> None:
     base = pd.read_parquet(answers)
     runs = sorted(m for m in base.model.unique() if m != "task_sft")
     arms_used = {x for c in comparisons for x in c.split(":")}
     runs = [m for m in runs if m.rsplit("_s", 1)[0] in arms_used]
-    extra = Path(extra_path)
-    extra_df = pd.read_parquet(extra) if extra.exists() else sample_extra(runs, temperatures, Path(runs_dir), extra)
+    paths = [Path(x) for x in extra_path.split(",")]  # several files: read them all (each must exist)
+    if len(paths) == 1 and not paths[0].exists():
+        extra_df = sample_extra(runs, temperatures, Path(runs_dir), paths[0])
+    else:
+        extra_df = pd.concat([pd.read_parquet(x) for x in paths], ignore_index=True)
+    extra_df = extra_df[extra_df.model.isin(runs) & (extra_df.temperature != arm_t)]  # the runs' other temperatures
     both = pd.concat([base[base.model.isin(runs) & (base.temperature == arm_t)], extra_df], ignore_index=True)
     temps = sorted(float(t) for t in both.temperature.unique())
     sft = [per_item(g, K) for _, g in base[base.model == "task_sft"].groupby("temperature")]
@@ -90,12 +101,13 @@ def main(answers: str, comparisons: list[str], temperatures: list[float], extra_
     for comp in comparisons:
         a, b = comp.split(":")
         gaps = {x: gap_draws(sft, [c[t_index] for c in curves[x]], draws) for x in (a, b)}
-        collapse = -float(gaps[b][0].mean())
+        here = -float(gaps[b][0].mean())
+        collapse = collapse_at or here
         matched, extended = matched_draws({a: curves[a], b: curves[b]}, b, t_index, draws)
-        print(f"{comp} ({b}'s collapse below the SFT frontier {collapse:.3f}):")
-        report("frontier gap (the registered primary)", gaps[a], gaps[b], collapse, ms)
+        print(f"{comp} ({b}'s collapse below the SFT frontier here {here:.3f}; the MDE read against {collapse:.3f}):")
+        report("frontier gap (the registered primary)", gaps[a], gaps[b], collapse, ms, paired)
         report(f"coverage at {b}'s pass@1 (each run's own curve; {extended:.1%} of readings extended)",
-               matched[a], matched[b], collapse, ms)
+               matched[a], matched[b], collapse, ms, paired)
 
 
 if __name__ == "__main__":
@@ -103,12 +115,16 @@ if __name__ == "__main__":
     ap.add_argument("answers", help="an experiment's answers.parquet (the runs at the GRPO temperature, the SFT sweep)")
     ap.add_argument("comparisons", nargs="+", help="treatment:control arm pairs")
     ap.add_argument("--temperatures", default="0.75,1.25", help="the extra temperatures each run is sampled at")
-    ap.add_argument("--extra", required=True, help="parquet of the extra answers: read if it exists, else sampled")
+    ap.add_argument("--extra", required=True,
+                    help="parquet of the extra answers: read if it exists, else sampled; or several, comma-separated")
     ap.add_argument("--runs", default="outs/task_grpo", help="the runs' checkpoints (for sampling)")
     ap.add_argument("--arm-temperature", type=float, default=1.0, help="the GRPO temperature (task.train)")
     ap.add_argument("--m", default="2,4", help="Holm's first step over this many tests (comma-separated)")
     ap.add_argument("--n-boot", type=int, default=400)
+    ap.add_argument("--paired", action="store_true", help="also read run i of each arm as a pair (same seed)")
+    ap.add_argument("--collapse", type=float, default=0.0,
+                    help="the control's collapse the 30%% target is a share of (default: this file's runs)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     main(args.answers, args.comparisons, [float(x) for x in args.temperatures.split(",")], args.extra, args.runs,
-         args.arm_temperature, [int(x) for x in args.m.split(",")], args.n_boot)
+         args.arm_temperature, [int(x) for x in args.m.split(",")], args.n_boot, args.paired, args.collapse)
