@@ -66,7 +66,7 @@ def main(p, io) -> None:
                              "runs": [summary(a, k_values) for a in frames]} for arm, frames in runs.items()},
               "frontier_gap": frontier_gaps(sft, runs, c.n_boot, p.seed, k_values),
               "comparisons": compare_arms(sft, runs, c.comparisons, c.n_boot, p.seed, k_values, c.pass1_margin,
-                                          c.mde_share, curves, arm_t, c.primary),
+                                          c.mde_share, curves, arm_t, c.primary, c.matched_at),
               "run_temperatures": run_ts[1:],
               "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
               "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}

@@ -238,6 +238,13 @@ def test_matched_reading_compares_arms_at_equal_pass1_on_their_own_curves():
     assert neg["pass@1"]["value"] > 0.05  # the arms differ in pass@1 at the GRPO temperature ...
     assert not neg["matched"]["called"] and neg["matched"]["ci_low"] < 0 < neg["matched"]["ci_high"]  # ... not here
     assert pos["matched"]["called"] and pos["matched"]["value"] < -1.5 and pos["matched"]["extended_share"] < 0.5
+    # read at the treatment's pass@1 instead: the cooler arm's own (higher) pass@1, where the control must be cooled
+    at_a = compare_arms(sft, arms, ["cooler:uniform", "narrow:uniform"], 200, 0, (1, 8), 0.5, 0.3, curves, 1.0,
+                        "matched", matched_at="treatment")
+    assert at_a["cooler:uniform"]["matched"]["at"] == "treatment" and neg["matched"]["at"] == "control"
+    assert not at_a["cooler:uniform"]["matched"]["called"] and at_a["narrow:uniform"]["matched"]["called"]
+    assert at_a["cooler:uniform"]["matched"]["value"] != neg["matched"]["value"]  # another reading point
+    assert at_a["cooler:uniform"]["pass@1"] == neg["pass@1"]  # the margin is still the control's gain
     assert at_pass1(np.array([[0.6, 2.0], [0.4, 4.0]]), 0.5) == (pytest.approx(3.0), False)
     assert at_pass1(np.array([[0.6, 2.0], [0.4, 4.0]]), 0.7) == (pytest.approx(1.0), True)  # extended, flagged
     with pytest.raises(ValueError, match="run_temperatures"):

@@ -45,6 +45,9 @@ class TaskEvalConfig:
         "the comparisons' primary: gap = Δ coverage beyond the SFT frontier at each run's own pass@1 | matched = Δ "
         "coverage at equal pass@1, each run read on its own temperature curve at the control's pass@1 (needs "
         "run_temperatures)")
+    matched_at: Literal["control", "treatment"] = knob(
+        "the matched reading's pass@1: the control arm's mean at task.train.temperature, or the treatment's (where an "
+        "arm reaches the other's pass@1 only far along the steep cool end of its curve, read at that arm's instead)")
     pass1_margin: float = knob("pass@1 non-inferiority margin, as a share of the control arm's pass@1 gain over the "
                                "task SFT model at T=1", ge=0)
     mde_share: float = knob("power target: the report gives the seeds per arm for an MDE of this share of the "

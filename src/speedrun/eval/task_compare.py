@@ -19,14 +19,15 @@ from speedrun.eval.task_track import column_mean, curve_columns, gap_draws, item
 def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFrame]], comparisons: list[str],
                  n_boot: int, seed: int, k_values: tuple[int, ...], margin_share: float, mde_share: float,
                  curves: dict[str, list[dict[float, pd.DataFrame]]] | None = None, arm_temperature: float = 1.0,
-                 primary: str = "gap") -> dict:
+                 primary: str = "gap", matched_at: str = "control") -> dict:
     """Each "a:b" of `comparisons` (a treatment against b, its uniform-sampling arm): Δ of the frontier gap overall
     (the primary unless `primary` is "matched": Holm over the comparisons) and per cluster (each cluster's own
     frontier; secondary), with stats.pooled_delta's interval (seeds + items), a permutation p over runs, the MDE at
     these seeds and the seeds per arm for an MDE of `mde_share` x b's collapse (its gap below the frontier). pass@1
     under non-inferiority: margin = margin_share x b's pass@1 gain over the SFT model at T = 1 (0 where there is no
     gain). With `curves` (per arm and run, its answers at each temperature, arm_temperature among them): the matched
-    reading too, and `primary` ("gap" or "matched") is the one Holm-corrected and called."""
+    reading too, read at the mean pass@1 at arm_temperature of b (matched_at "control") or a ("treatment"), and
+    `primary` ("gap" or "matched") is the one Holm-corrected and called."""
     if primary == "matched" and not curves:
         raise ValueError("the matched primary needs every run sampled at several temperatures "
                          "(task.eval.run_temperatures)")
@@ -51,9 +52,10 @@ def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFra
             res["gap"] = _reading(d, ga[0], gb[0], collapse, len(comparisons), mde_share, seed)
             if curves:
                 tabs = {x: [[per_item(run[t], k_values) for t in sorted(run)] for run in curves[x]] for x in (a, b)}
-                ma, ext = matched_draws(tabs, b, sorted(curves[b][0]).index(arm_temperature), draws)
+                at = a if matched_at == "treatment" else b
+                ma, ext = matched_draws(tabs, at, sorted(curves[b][0]).index(arm_temperature), draws)
                 res["matched"] = _reading(_delta(ma[a], ma[b]), ma[a][0], ma[b][0], collapse, len(comparisons),
-                                          mde_share, seed) | {"extended_share": round(ext, 4)}
+                                          mde_share, seed) | {"extended_share": round(ext, 4), "at": matched_at}
             cols = {x: curve_columns(runs[x]) for x in (a, b)}
             pa, pb = (np.array([[float(c[0][r].mean()) for c in cols[x]] for r in draws]) for x in (a, b))
             gain = float(pb[0].mean()) - sft1

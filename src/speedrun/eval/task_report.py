@@ -97,6 +97,11 @@ def _primary(comps: dict) -> str:
     return next(iter(comps.values())).get("primary", "gap")
 
 
+def _matched_at(comps: dict) -> str:
+    """Whose pass@1 the matched reading is taken at (the control's in results written before the choice existed)."""
+    return next(iter(comps.values()))["matched"].get("at", "control")
+
+
 def _reading(g: dict) -> str:
     """Δ [CI] | Holm p (the primary only) | permutation p | MDE (share of the collapse) | seeds for the target."""
     share = f"{g['mde']:.3f} " + (f"({g['mde'] / g['collapse']:.0%})" if g["collapse"] > 0 else "(no collapse)")
@@ -130,9 +135,9 @@ def comparison_section(r: dict) -> list[str]:
     if any("matched" in c for c in comps.values()):
         lines += ["", f"Coverage at equal pass@1 ({'the primary' if _primary(comps) == 'matched' else 'secondary'}):"
                   f" each run sampled also at T = {', '.join(f'{t:g}' for t in r['run_temperatures'])} traces its own "
-                  "pass@1-versus-coverage curve, read at the control arm's mean pass@1 (extended linearly past its "
-                  "ends where needed: the share of such readings is shown); Δ > 0 = the treatment keeps more right "
-                  "answers at the same pass@1.", "",
+                  f"pass@1-versus-coverage curve, read at the {_matched_at(comps)} arm's mean pass@1 (extended "
+                  "linearly past its ends where needed: the share of such readings is shown); Δ > 0 = the treatment "
+                  "keeps more right answers at the same pass@1.", "",
                   "| comparison | Δ coverage at equal pass@1 [95% CI] | Holm p | permutation p | MDE (of collapse) | "
                   f"seeds/arm for MDE ≤ {r['mde_share']:.0%} | readings extended |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
