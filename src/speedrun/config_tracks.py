@@ -43,7 +43,7 @@ class TaskEvalConfig:
                                   "pairs); the control samples uniformly")
     primary: Literal["gap", "matched"] = knob(
         "the comparisons' primary: gap = Δ coverage beyond the SFT frontier at each run's own pass@1 | matched = Δ "
-        "coverage at equal pass@1, each run read on its own temperature curve at the control's pass@1 (needs "
+        "coverage at equal pass@1, each run read on its own temperature curve at one arm's pass@1 (matched_at; needs "
         "run_temperatures)")
     matched_at: Literal["control", "treatment"] = knob(
         "the matched reading's pass@1: the control arm's mean at task.train.temperature, or the treatment's (where an "
