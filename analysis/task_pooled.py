@@ -18,6 +18,7 @@ import pandas as pd
 
 from speedrun import params
 from speedrun.eval.task_compare import compare_arms
+from speedrun.eval.task_track import pass_k_values
 
 ROOT = Path("reports/experiments")
 RUNS = ("task-density-matched", "task-density-matched-replication")
@@ -40,10 +41,9 @@ def compare(sft: dict, curves: dict) -> dict:
     """compare_arms as task_eval calls it with the experiments' params (matched primary, the GRPO temperature 1)."""
     p = params.load(Path("params.yaml"))
     c = p.task.eval
-    k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
     arms = {arm: [run[1.0] for run in runs] for arm, runs in curves.items()}
-    return compare_arms(sft, arms, [COMPARISON], c.n_boot, p.seed, k_values, c.pass1_margin, c.mde_share, curves,
-                        1.0, "matched")[COMPARISON]
+    return compare_arms(sft, arms, [COMPARISON], c.n_boot, p.seed, pass_k_values(c.samples), c.pass1_margin,
+                        c.mde_share, curves, 1.0, "matched")[COMPARISON]
 
 
 def line(name: str, r: dict, runs: int) -> str:

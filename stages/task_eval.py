@@ -16,7 +16,7 @@ from speedrun.data import task
 from speedrun.eval import semantic
 from speedrun.eval.task_report import manipulation, report
 from speedrun.eval.task_compare import compare_arms
-from speedrun.eval.task_track import frontier_gaps, sample_answers, summary
+from speedrun.eval.task_track import frontier_gaps, pass_k_values, sample_answers, summary
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
@@ -37,7 +37,7 @@ def main(p, io) -> None:
     use_shapes(p.compute.width_step, d.device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
     items = [i for i in task.load_items(io.items) if i.split == "eval"]
-    k_values = tuple(k for k in (1, 2, 4, 8, 16) if k < c.samples) + (c.samples,)
+    k_values = pass_k_values(c.samples)
 
     def answers(job: tuple) -> pd.DataFrame:
         name, ckpt, temperature = job

@@ -49,6 +49,11 @@ def entropy_bits(values: list[str]) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
+def pass_k_values(samples: int) -> tuple[int, ...]:
+    """The k of pass@k the task track reports for `samples` answers per item: powers of two below it, then it."""
+    return tuple(k for k in (1, 2, 4, 8, 16) if k < samples) + (samples,)
+
+
 def per_item(answers: pd.DataFrame, k_values: tuple[int, ...]) -> pd.DataFrame:
     """One row per item of one model's answers (item_id order): cluster, pass@k for each k, coverage (distinct
     right answers), right-answer entropy (bits)."""
