@@ -1,14 +1,17 @@
-"""Density against uniform at equal pass@1: the pre-registered matched run and its replication read as one design.
+"""A pre-registered matched run and its replication read as one design (density by default; group-balanced too).
 
 task-density-matched (seeds 701-740 per arm) and task-density-matched-replication (801-840) ran the same command on
-the same 609 held-out items and task SFT model, differing only in their training seeds. Each was analysed alone, as
-its plan fixed. This script reads both from their committed answers (every run's answers at T = 0.75, 1, 1.25 and the
-SFT model's at seven temperatures), first recomputes each run's own primary with task_compare.compare_arms, the
-function task_eval called (it must equal the committed metrics), then the two together: 80 runs per arm, read at the
-pooled uniform arm's pass@1, with the same interval over seeds and items, MDE and pass@1 non-inferiority. A post-hoc
-summary of two reported runs, not a new test: the family's call stays the first run's (reports/experiments).
+the same 609 held-out items and task SFT model, differing only in their training seeds; so did task-balanced-matched
+(901-936) and its replication (941-976), read at balanced's pass@1. Each was analysed alone, as its plan fixed. This
+script reads a pair from their committed answers (every run's answers at T = 0.75, 1, 1.25 and the SFT model's at
+seven temperatures), first recomputes each run's own primary with task_compare.compare_arms, the function task_eval
+called (it must equal the committed metrics), then the two together: every run of both per arm, read at the pooled
+control's (or treatment's) pass@1, with the same interval over seeds and items, MDE and pass@1 non-inferiority. A
+post-hoc summary of two reported runs, not a new test: the family's call stays the first run's (reports/experiments).
 
     python analysis/task_pooled.py      # about 5 minutes on a 2-core CPU (bootstraps over 160 runs)
+    python analysis/task_pooled.py --runs task-balanced-matched task-balanced-matched-replication \
+        --comparison balanced:checker --matched-at treatment
 """
 import argparse
 import json
@@ -21,8 +24,6 @@ from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import pass_k_values
 
 ROOT = Path("reports/experiments")
-RUNS = ("task-density-matched", "task-density-matched-replication")
-COMPARISON = "density:checker"
 
 
 def load(folder: Path) -> tuple[dict, dict]:
@@ -37,13 +38,13 @@ def load(folder: Path) -> tuple[dict, dict]:
     return sft, {arm: [c for _, c in sorted(runs, key=lambda r: r[0])] for arm, runs in curves.items()}
 
 
-def compare(sft: dict, curves: dict) -> dict:
+def compare(sft: dict, curves: dict, comparison: str, matched_at: str) -> dict:
     """compare_arms as task_eval calls it with the experiments' params (matched primary, the GRPO temperature 1)."""
     p = params.load(Path("params.yaml"))
     c = p.task.eval
     arms = {arm: [run[1.0] for run in runs] for arm, runs in curves.items()}
-    return compare_arms(sft, arms, [COMPARISON], c.n_boot, p.seed, pass_k_values(c.samples), c.pass1_margin,
-                        c.mde_share, curves, 1.0, "matched")[COMPARISON]
+    return compare_arms(sft, arms, [comparison], c.n_boot, p.seed, pass_k_values(c.samples), c.pass1_margin,
+                        c.mde_share, curves, 1.0, "matched", matched_at)[comparison]
 
 
 def line(name: str, r: dict, runs: int) -> str:
@@ -54,21 +55,28 @@ def line(name: str, r: dict, runs: int) -> str:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs=2, default=["task-density-matched", "task-density-matched-replication"],
+                    help="the first run's and its replication's folders under reports/experiments")
+    ap.add_argument("--comparison", default="density:checker", help="treatment:control, as the runs compared them")
+    ap.add_argument("--matched-at", choices=["control", "treatment"], default="control",
+                    help="whose pass@1 the runs were read at (task.eval.matched_at)")
+    args = ap.parse_args()
     rows = ["| runs | seeds per arm | Δ coverage at equal pass@1 [95% CI] | collapse | MDE (of the collapse) | "
             "between-seed var | item var | Δ pass@1 [95% CI] vs margin |", "|---|---:|---|---:|---:|---:|---:|---|"]
-    loaded = {name: load(ROOT / name) for name in RUNS}
+    loaded = {name: load(ROOT / name) for name in args.runs}
     for name, (sft, curves) in loaded.items():
-        r = compare(sft, curves)
-        committed = json.loads((ROOT / name / "metrics/task.json").read_text())["comparisons"][COMPARISON]
+        r = compare(sft, curves, args.comparison, args.matched_at)
+        committed = json.loads((ROOT / name / "metrics/task.json").read_text())["comparisons"][args.comparison]
         for key in ("value", "ci_low", "ci_high", "mde"):
             assert abs(r["matched"][key] - committed["matched"][key]) < 1e-4, (name, key, r["matched"][key],
                                                                              committed["matched"][key])
-        rows.append(line(name, r, len(curves["checker"])))
-    first, second = (loaded[n] for n in RUNS)
+        rows.append(line(name, r, len(curves[args.comparison.split(":")[1]])))
+    first, second = (loaded[n] for n in args.runs)
     assert all(first[0][t].equals(second[0][t]) for t in first[0]), "the two runs' task SFT answers differ"
     both = {arm: first[1][arm] + second[1][arm] for arm in first[1]}
-    rows.append(line("both, pooled (post hoc)", compare(first[0], both), len(both["checker"])))
+    pooled = compare(first[0], both, args.comparison, args.matched_at)
+    rows.append(line("both, pooled (post hoc)", pooled, len(both[args.comparison.split(":")[1]])))
     print("\n".join(rows))
 
 
