@@ -1,0 +1,69 @@
+"""Independent GRPO runs one after another on every core, or side by side on one core each: wall time and bytes.
+
+    python bench/parallel_runs.py                       # 4 task GRPO runs of 30 steps, fp32, 2 rounds alternating
+    python bench/parallel_runs.py --steps 100 --dtype auto --rounds 1
+
+A `dvc repro` runs its stages one at a time, each stage's torch on every core. The task track's GRPO runs (and the
+chat track's) are independent of each other, so a scheduler could run them side by side, one intra-op thread each.
+This times both ways on the committed run's inputs (outs/task_sft, outs/task_rm, data/task), alternating the modes
+within one session, and checks that a run's model and log come out the same bytes whatever its thread count (the
+lever is only free if they do). Needs the default run's task SFT and task RM outputs (`dvc repro task_rm`).
+"""
+import argparse
+import filecmp
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+RUNS = [("checker", 1), ("checker", 2), ("shuffled", 1), ("shuffled", 2)]
+
+
+def launch(arm: str, seed: int, out: Path, threads: int, steps: int, dtype: str) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = ["python", "-m", "stages.task_grpo", "--arm", arm, "--seed", str(seed), "-S", f"task.train.steps={steps}",
+           "-S", f"compute.dtype={dtype}", "--out-dir", str(out / f"{arm}_s{seed}"),
+           "--metrics", str(out / f"{arm}_s{seed}.json")]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def run_mode(mode: str, out: Path, steps: int, dtype: str) -> float:
+    """Wall seconds for every run of RUNS: "serial" (one at a time, all cores) or "side" (one per core at a time)."""
+    cores = os.cpu_count() or 1
+    width, threads = (1, cores) if mode == "serial" else (cores, 1)
+    t0 = time.perf_counter()
+    for i in range(0, len(RUNS), width):
+        procs = [launch(arm, seed, out, threads, steps, dtype) for arm, seed in RUNS[i:i + width]]
+        for p in procs:
+            if p.wait() != 0:
+                raise SystemExit(f"{mode}: a task_grpo run failed (exit {p.returncode}); rerun it by hand to see why")
+    return time.perf_counter() - t0
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    return all(filecmp.cmp(a / f"{arm}_s{seed}" / name, b / f"{arm}_s{seed}" / name, shallow=False)
+               for arm, seed in RUNS for name in ("model.pt", "log.csv"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30, help="GRPO steps per run (the default run's: 100)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "auto"], help="compute.dtype of the runs")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of serial then side by side, alternating")
+    args = ap.parse_args()
+    times: dict[str, list[float]] = {"serial": [], "side": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for mode in ("serial", "side") if r % 2 == 0 else ("side", "serial"):
+                out = Path(tmp) / mode
+                times[mode].append(run_mode(mode, out, args.steps, args.dtype))
+                print(f"round {r + 1} {mode:<6}: {times[mode][-1]:6.1f} s for {len(RUNS)} runs", flush=True)
+        same = same_bytes(Path(tmp) / "serial", Path(tmp) / "side")
+    s, d = (sum(times[m]) / len(times[m]) for m in ("serial", "side"))
+    print(f"{len(RUNS)} task GRPO runs of {args.steps} steps ({args.dtype}, {os.cpu_count()} CPUs): one at a time "
+          f"{s:.1f} s, side by side {d:.1f} s ({s / d:.2f}x); models and logs the same bytes: {same}")
+
+
+if __name__ == "__main__":
+    main()
