@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--matched-at", choices=["control", "treatment"], default="control",
                     help="whose pass@1 the runs were read at (task.eval.matched_at)")
     args = ap.parse_args()
+    control = args.comparison.split(":")[1]
     rows = ["| runs | seeds per arm | Δ coverage at equal pass@1 [95% CI] | collapse | MDE (of the collapse) | "
             "between-seed var | item var | Δ pass@1 [95% CI] vs margin |", "|---|---:|---|---:|---:|---:|---:|---|"]
     loaded = {name: load(ROOT / name) for name in args.runs}
@@ -71,12 +72,12 @@ def main() -> None:
         for key in ("value", "ci_low", "ci_high", "mde"):
             assert abs(r["matched"][key] - committed["matched"][key]) < 1e-4, (name, key, r["matched"][key],
                                                                              committed["matched"][key])
-        rows.append(line(name, r, len(curves[args.comparison.split(":")[1]])))
+        rows.append(line(name, r, len(curves[control])))
     first, second = (loaded[n] for n in args.runs)
     assert all(first[0][t].equals(second[0][t]) for t in first[0]), "the two runs' task SFT answers differ"
     both = {arm: first[1][arm] + second[1][arm] for arm in first[1]}
     pooled = compare(first[0], both, args.comparison, args.matched_at)
-    rows.append(line("both, pooled (post hoc)", pooled, len(both[args.comparison.split(":")[1]])))
+    rows.append(line("both, pooled (post hoc)", pooled, len(both[control])))
     print("\n".join(rows))
 
 
