@@ -3,11 +3,11 @@
     python bench/parallel_runs.py                       # 4 task GRPO runs of 30 steps, fp32, 2 rounds alternating
     python bench/parallel_runs.py --steps 100 --dtype auto --rounds 1
 
-A `dvc repro` runs its stages one at a time, each stage's torch on every core. The task track's GRPO runs (and the
-chat track's) are independent of each other, so a scheduler could run them side by side, one intra-op thread each.
-This times both ways on the committed run's inputs (outs/task_sft, outs/task_rm, data/task), alternating the modes
-within one session, and checks that a run's model and log come out the same bytes whatever its thread count (the
-lever is only free if they do). Needs the default run's task SFT and task RM outputs (`dvc repro task_rm`).
+A `dvc repro` runs its stages one at a time. A track's GRPO runs are independent of each other, so its stage
+(stages/runs.py) runs them side by side, compute.run_threads intra-op threads each. This times that against the runs
+one after another on every core, on the committed run's inputs (outs/task_sft, outs/task_rm, data/task), alternating
+the modes within one session, and checks whether a run's model and log come out the same bytes whatever its thread
+count. Needs the default run's task SFT and task RM outputs (`dvc repro task_rm`).
 """
 import argparse
 import filecmp
@@ -23,8 +23,8 @@ RUNS = [("checker", 1), ("checker", 2), ("shuffled", 1), ("shuffled", 2)]
 def launch(arm: str, seed: int, out: Path, threads: int, steps: int, dtype: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = ["python", "-m", "stages.task_grpo", "--arm", arm, "--seed", str(seed), "-S", f"task.train.steps={steps}",
-           "-S", f"compute.dtype={dtype}", "--out-dir", str(out / f"{arm}_s{seed}"),
-           "--metrics", str(out / f"{arm}_s{seed}.json")]
+           "-S", f"compute.dtype={dtype}", "-S", f"compute.run_threads={threads}",
+           "--out-dir", str(out / f"{arm}_s{seed}"), "--metrics", str(out / f"{arm}_s{seed}.json")]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 

@@ -5,7 +5,7 @@
     python bench/stage_times.py -f --log /tmp/repro.log
 
 Streams DVC's output, then prints one line per stage (seconds, share of the total) and the stages grouped by
-name before '@' (the six grpo@<variant>-<seed> runs as one line). A stage's time includes its Python start-up
+name before '@' (the adversarial cycles' adv_rm@<i> as one line). A stage's time includes its Python start-up
 and DVC's bookkeeping after it, i.e. what a user waits for.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model. The arms (params.yaml
-grpo.variants, those of grpo.run trained) differ in how prompts are drawn (density-aware, uniform, group-balanced) and,
-for the controls, in what is rewarded (a planted tic, shuffled rewards, an entropy bonus); runs of an arm only in the
-training seed (grpo.seeds). A run takes about a minute on CPU and keeps no resume state: an interrupted run starts
-over."""
+"""One GRPO run of stage grpo (stages/runs.py runs every run of grpo.run x grpo.seeds, side by side), from the
+SFT model against the reward model. The arms (params.yaml grpo.variants, those of grpo.run trained) differ in how
+prompts are drawn (density-aware, uniform, group-balanced) and, for the controls, in what is rewarded (a planted tic,
+shuffled rewards, an entropy bonus); runs of an arm only in the training seed (grpo.seeds). A run takes about a minute
+on CPU and keeps no resume state: an interrupted run starts over."""
 import dataclasses
 
 import pandas as pd
@@ -10,7 +10,7 @@ import torch
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.engine import completion_texts
-from speedrun.common import pick_device, seed_everything, stable_seed, use_bf16, write_json
+from speedrun.common import pick_device, seed_everything, set_run_threads, stable_seed, use_bf16, write_json
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.controls import dense_groups, plant_tic, shuffle_rewards
 from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
@@ -25,6 +25,7 @@ from speedrun.train.checkpoint import context_length, load_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
+         "compute.run_threads",
          "grpo.train", "grpo.density", "grpo.controls",
          "grpo.variants.{variant}")
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
@@ -38,6 +39,7 @@ def main(p, io, variant: str, seed: int) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.grpo")
     d = distributed.setup(pick_device(p.compute.device))
     dev = d.device
+    set_run_threads(p.compute.run_threads, p.compute.nproc, dev)
     use_shapes(p.compute.width_step, dev)
     t = p.grpo.train
     cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),

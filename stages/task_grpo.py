@@ -1,15 +1,17 @@
-"""Stage task_grpo@<arm>-<seed>: one GRPO run of the task track from the task SFT model, on the task's train items.
-The arms (task.variants, those of task.run trained) differ in how items are drawn (density-aware from the prompt
-text, uniform, cluster-balanced) and what is paid: the checker (RLVR), the checker's rewards shuffled within each
-group (the negative control), or the reward model trained with the task pairs (the RLHF way; the checker is then the
-gold reward, never trained on). The log's gold_pass is the checker's share of right answers in each step."""
+"""One GRPO run of stage task_grpo (stages/runs.py runs every run of task.run x task.seeds, side by side), from
+the task SFT model, on the task's train items. The arms (task.variants, those of task.run trained) differ in how items
+are drawn (density-aware from the prompt text, uniform, cluster-balanced) and what is paid: the checker (RLVR), the
+checker's rewards shuffled within each group (the negative control), or the reward model trained with the task pairs
+(the RLHF way; the checker is then the gold reward, never trained on). The log's gold_pass is the checker's share of
+right answers in each step."""
 import dataclasses
 
 import pandas as pd
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, read_json, seed_everything, stable_seed, use_bf16, write_json
+from speedrun.common import (pick_device, read_json, seed_everything, set_run_threads, stable_seed, use_bf16,
+                             write_json)
 from speedrun.data import task
 from speedrun.engine import completion_texts
 from speedrun.reward.preference import RewardModel
@@ -25,6 +27,7 @@ from speedrun.train import distributed
 from speedrun.train.checkpoint import context_length, load_model
 
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
+         "compute.run_threads",
          "task.train", "task.density", "task.variants.{arm}")
 PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/tokenizer",
          "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
@@ -47,6 +50,7 @@ def main(p, io, arm: str, seed: int) -> None:
     distributed.maybe_relaunch(p.compute.nproc, "stages.task_grpo")
     d = distributed.setup(pick_device(p.compute.device))
     dev = d.device
+    set_run_threads(p.compute.run_threads, p.compute.nproc, dev)
     use_shapes(p.compute.width_step, dev)
     t = p.task.train
     cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),

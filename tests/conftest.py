@@ -147,6 +147,6 @@ def call_stage(module: str, *argv: str) -> None:
 
 def run_module(module: str, *args: str, cwd: Path = REPO, timeout: int = 300, env: dict | None = None) -> str:
     res = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                         timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+                         timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     assert res.returncode == 0, f"{module} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout

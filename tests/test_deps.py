@@ -58,13 +58,17 @@ def stage_specs() -> dict[str, dict]:
     return {name: spec.get("do", spec) for name, spec in stages.items()}
 
 
+def stage_modules(spec: dict) -> list[str]:
+    """The stage modules a cmd runs: its own, and for a track's GRPO stage (stages.runs) the runs' module too."""
+    words = " ".join(spec["cmd"].split()).split("python -m ")[1].split()
+    return [words[0], f"stages.{words[1]}"] if words[0] == "stages.runs" else [words[0]]
+
+
 def test_every_stage_declares_the_code_it_imports():
     missing = []
     for name, spec in stage_specs().items():
-        cmd = " ".join(spec["cmd"].split())
-        script = module_file(cmd.split("python -m ")[1].split()[0])
         deps = [REPO / d for d in spec.get("deps", []) if "${" not in d]
-        for f in sorted(transitive(script)):
+        for f in sorted(set().union(*(transitive(module_file(m)) for m in stage_modules(spec)))):
             if not any(f == d or d in f.parents for d in deps):
                 missing.append(f"stage {name}: {f.relative_to(REPO)} is imported but not in its deps")
     assert not missing, "\n".join(missing)
@@ -119,7 +123,7 @@ def test_every_path_a_stage_touches_is_declared_in_dvc_yaml():
 
     missing = []
     for name, spec in stage_specs().items():
-        module = importlib.import_module(f"stages.{spec['cmd'].split('python -m stages.')[1].split()[0]}")
+        module = importlib.import_module(stage_modules(spec)[-1])
         declared = [norm(next(iter(e)) if isinstance(e, dict) else e)
                     for key in ("deps", "outs", "metrics", "plots") for e in spec.get(key) or []]
         for key, value in module.PATHS.items():

@@ -24,10 +24,17 @@ def module_of(stage: dict) -> str:
     return re.search(r"python -m stages\.(\w+)", stage.get("do", stage)["cmd"]).group(1)
 
 
+def reads_of(stage: dict) -> list[str]:
+    """The keys a stage reads; a track's GRPO stage (stages.runs) reads its runs' keys for every variant."""
+    if module_of(stage) == "runs":
+        return importlib.import_module("stages.runs").dag_reads(stage["cmd"].split()[-1])
+    return [r.format(**IDS) for r in importlib.import_module(f"stages.{module_of(stage)}").READS]
+
+
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
     stage = STAGES[name].get("do", STAGES[name])
-    reads = [r.format(**IDS) for r in importlib.import_module(f"stages.{module_of(STAGES[name])}").READS]
+    reads = reads_of(STAGES[name])
     if name == "preflight":  # the one stage that tracks the whole file, keys no stage reads included
         assert stage["params"] == [{"params.yaml": None}] and reads == []
         return
@@ -38,12 +45,12 @@ def test_no_knob_on_a_command_line():
     """A cmd is `python -m stages.<name>` plus the run's ids: every knob reaches the stage through params.yaml."""
     for name, spec in STAGES.items():
         cmd = " ".join(spec.get("do", spec)["cmd"].split())
-        assert re.fullmatch(r"python -m stages\.\w+( --(variant|arm|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
+        assert re.fullmatch(r"python -m stages\.(runs (grpo|task_grpo)|\w+( --(variant|arm|seed|cycle) \$\{[\w.]+\})*)",
+                            cmd), (name, cmd)
 
 
 def test_every_key_is_read_by_some_stage():
-    read = {r.split(".{")[0] for s in STAGES.values() for r in importlib.import_module(
-        f"stages.{module_of(s)}").READS}
+    read = {r.split(".$")[0] for s in STAGES.values() for r in reads_of(s)}
     unread = [k for k, _ in params.leaves(Params) if not any(k == r or k.startswith(r + ".") for r in read)]
     assert not unread, f"params.yaml keys no stage reads: {unread}"
 

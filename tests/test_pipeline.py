@@ -125,11 +125,16 @@ def _first_repro(repo: Path) -> None:
     out = dvc(repo, "repro")
     stages = ran(out)
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
-              "grpo@density-1", "grpo@density-2", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1",
-              "adv_grpo@1",
-              "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval", "task_data", "task_sft", "task_grpo@checker-1",
-              "task_grpo@shuffled-2", "task_grpo@density-2", "task_grpo@rm-1", "task_rm", "task_eval"]:
+              "grpo", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1",
+              "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval", "task_data", "task_sft", "task_grpo", "task_rm",
+              "task_eval"]:
         assert s in stages, (s, sorted(stages))
+    # every run of a track, two at a time on the 2-core machine, one thread each
+    assert {f"grpo/{v}_s{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)} == {
+        f"grpo/{r.name}" for r in (repo / "outs/grpo").iterdir()}
+    assert {f.name for f in (repo / "reports/metrics/task_grpo").iterdir()} == {
+        f"{a}_s{s}.json" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)}
+    assert "task_grpo: 8 runs on cpu" in out and "--- [8/8] " in out
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
     assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik", "tic_share"}
@@ -180,11 +185,15 @@ def _reruns_are_byte_identical(repo: Path) -> None:
                  "data/adv/cycle_1/train.parquet", "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
     digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
     first = digest()
-    forced = ["pretrain", "sft", "task_sft", "task_grpo@density-1", "task_eval", "onpolicy_pairs", "train_rm",
-              "grpo@density-1", "grpo@baseline-2", "eval_diversity",
-              "adv_data@1", "adv_rm@1", "adv_grpo@1"]
+    forced = ["pretrain", "sft", "task_sft", "task_grpo", "task_eval", "onpolicy_pairs", "train_rm", "grpo",
+              "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1"]
     assert ran(dvc(repo, "repro", "-f", "-s", *forced)) == set(forced)  # -s: these stages only, not downstream
     assert digest() == first
+    # a run by hand, alone, is the same bytes as the DAG's run beside another: compute.run_threads fixes its threads
+    run_module("stages.task_grpo", "--arm", "density", "--seed", "1", "--out-dir", str(repo / "scratch/alone"),
+               "--metrics", str(repo / "scratch/alone.json"), cwd=repo, env={"OMP_NUM_THREADS": "2"})
+    for name in ("model.pt", "log.csv"):
+        assert (repo / "scratch/alone" / name).read_bytes() == (repo / "outs/task_grpo/density_s1" / name).read_bytes()
 
 
 def _two_processes_match_one(repo: Path, elsewhere: Path) -> None:
@@ -231,8 +240,7 @@ def _queued_experiment_and_frontier(repo: Path) -> None:
         time.sleep(1)
     assert "Failed" not in status, status
     stages = ran(dvc(repo, "queue", "logs", "lr-2e-4"))
-    assert stages == {"preflight", "eval_diversity"} | {f"grpo@{v}-{k}" for v in ("density", "baseline", "tic_2")
-                                                         for k in (1, 2)}, stages  # the rest from the cache
+    assert stages == {"preflight", "grpo", "eval_diversity"}, stages  # the rest from the cache
     diff = dvc(repo, "exp", "diff", "HEAD", "lr-2e-4")
     assert "grpo.train.lr" in diff and "reports/metrics/grpo/" in diff  # (micro diversity metrics may not move)
     assert "reports/metrics/grpo/" in dvc(repo, "metrics", "diff", "HEAD", "lr-2e-4")
@@ -255,10 +263,9 @@ def _additions_rerun_only_their_stages(repo: Path) -> None:
     assert ran(dvc(repo, "repro")) == {"preflight", "adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
     assert set(json.loads((repo / "reports/metrics/adversarial.json").read_text())["cycles"]) == {"1", "2", "3"}
 
-    # one more training seed trains only that seed's runs, then evaluates every run
+    # one more training seed reruns the chat track's runs (one stage: DVC runs one stage at a time), not the task's
     set_params(repo, {"grpo.seeds": [1, 2, 3]})
-    assert ran(dvc(repo, "repro")) == {"preflight", "grpo@density-3", "grpo@baseline-3", "grpo@tic_2-3",
-                                       "eval_diversity"}
+    assert ran(dvc(repo, "repro")) == {"preflight", "grpo", "eval_diversity"}
     assert "(3 vs 3 GRPO training seeds)" in (repo / "reports/report.md").read_text()
 
     # a knob that once had its default in code reaches its stage through `dvc exp run -S`, and only that stage

@@ -182,6 +182,24 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def runs_at_once(run_threads: int, nproc: int, device: str) -> int:
+    """How many GRPO runs go side by side (compute.run_threads): on CPU under one process each, one per run_threads
+    cores; on a GPU, under torchrun, or with run_threads 0, one at a time."""
+    if run_threads == 0 or nproc > 1 or device != "cpu":
+        return 1
+    return max(1, usable_cores() // run_threads)
+
+
+def set_run_threads(run_threads: int, nproc: int, device: str) -> None:
+    """A GRPO run's CPU threads, fixed whether it runs by hand or beside others: fp32 sums depend on the count."""
+    if run_threads and nproc == 1 and device == "cpu":
+        torch.set_num_threads(run_threads)
+
+
 def keep_freed_memory() -> bool:
     """Under glibc, serve every allocation from the heap and keep what is freed there (mallopt: no mmap, trim only
     above 2 GB). glibc maps each block over 32 MB fresh and returns it on free, so a decode step's logits or a

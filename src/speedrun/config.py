@@ -41,6 +41,11 @@ class ComputeConfig:
         "an attention plan or a CUDA graph per new shape. 0 = auto (64 on CUDA; 1 on CPU, where padding only costs); "
         "1 = exact shapes",
         ge=0)
+    run_threads: int = knob(
+        "CPU threads of one GRPO run (nproc 1); the grpo and task_grpo stages run a track's runs side by side, "
+        "cores // run_threads at a time. A run's fp32 bytes depend on its thread count, not on what runs beside it. "
+        "0 = torch's default (every core) and one run at a time",
+        ge=0)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...]
                                      add_help=False)
     parser.add_argument("-h", "--help", action="store_true", help="show this help, with every params key read")
     for name, kind in ids.items():
-        parser.add_argument(f"--{name}", type=kind, required=True, help="run id (dvc.yaml's foreach/matrix item)")
+        parser.add_argument(f"--{name}", type=kind, required=True, help="run id (of a foreach or of stages.runs)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a params.yaml key, as dvc exp run -S does (repeatable)")
     parser.add_argument("--params", type=Path, default=None, help="params file (default: ./params.yaml)")
