@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,31 +46,33 @@ def run_command(stage: str, name: str, seed: int, passthrough: list[str]) -> lis
 def run_all(stage: str, runs: list[tuple[str, int]], width: int, passthrough: list[str], tmp: Path) -> None:
     """Keep `width` runs going until every run has ended; the first failure kills the rest and exits."""
     pending, live, done, t_start = list(runs), {}, 0, time.perf_counter()
-    while pending or live:
-        while pending and len(live) < width:
-            name, seed = pending.pop(0)
-            log = (tmp / f"{name}_s{seed}.log").open("w+")
-            cmd = run_command(stage, name, seed, passthrough)
-            live[f"{name}_s{seed}"] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, cmd)
-        time.sleep(0.05)
-        for key, (proc, log, cmd) in list(live.items()):
-            if proc.poll() is None:
-                continue
-            del live[key]
-            log.seek(0)
-            out = log.read().rstrip()
+    try:
+        while pending or live:
+            while pending and len(live) < width:
+                name, seed = pending.pop(0)
+                log = (tmp / f"{name}_s{seed}.log").open("w+")
+                cmd = run_command(stage, name, seed, passthrough)
+                live[f"{name}_s{seed}"] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, cmd)
+            time.sleep(0.05)
+            for key, (proc, log, cmd) in list(live.items()):
+                if proc.poll() is None:
+                    continue
+                del live[key]
+                log.seek(0)
+                out = log.read().rstrip()
+                log.close()
+                if proc.returncode != 0:
+                    print(out[-6000:], flush=True)
+                    sys.exit(f"{stage}: run {key} failed (exit {proc.returncode}); its output is above. Rerun it "
+                             f"alone: python {' '.join(cmd[1:])}")
+                done += 1
+                print(f"--- [{done}/{len(runs)}] {key}, {time.perf_counter() - t_start:.0f} s into the stage\n{out}",
+                      flush=True)
+    finally:  # a failed run or an interrupt: no run outlives the stage
+        for proc, log, _ in live.values():
+            proc.kill()
+            proc.wait()
             log.close()
-            if proc.returncode != 0:
-                for other, *_ in live.values():
-                    other.kill()
-                    other.wait()
-                print(out[-6000:], flush=True)
-                sys.exit(f"{stage}: run {key} failed (exit {proc.returncode}); its output is above. Rerun it alone: "
-                         f"python {' '.join(cmd[1:])}")
-            done += 1
-            print(f"--- [{done}/{len(runs)}] {key}, {time.perf_counter() - t_start:.0f} s into the stage\n{out}",
-                  flush=True)
-
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     passthrough = [a for kv in args.set for a in ("-S", kv)] + (["--params", str(args.params)] if args.params else [])
     print(f"{args.stage}: {len(runs)} runs on {device}, {width} at a time"
           + (f", {p.compute.run_threads} thread(s) each" if width > 1 else ""), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{args.stage}: terminated"))  # so its runs are stopped too
     with tempfile.TemporaryDirectory(prefix=f"{args.stage}_runs_") as tmp:
         run_all(args.stage, runs, width, passthrough, Path(tmp))
 

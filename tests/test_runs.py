@@ -5,6 +5,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 from speedrun import common, params
 from stages import runs
@@ -36,3 +38,24 @@ def test_a_failed_run_stops_the_stage_naming_it_and_its_command(tmp_path):
     assert re.search(r"task_grpo: run (checker|density)_s7 failed \(exit 1\); .* Rerun it alone: python -m "
                      r"stages.task_grpo --arm (checker|density) --seed 7 -S task.run=\[checker,density\] "
                      r"-S task.seeds=\[7\]$", res.stderr.strip()), res.stderr
+
+
+def test_no_run_outlives_a_failed_one(monkeypatch, tmp_path):
+    """One run fails while another is still going: the stage stops it before exiting."""
+    started = []
+
+    def command(stage, name, seed, passthrough):
+        code = "import sys; sys.exit(3)" if name == "bad" else "import time; time.sleep(60)"
+        return [sys.executable, "-c", code]
+
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):
+        started.append(real_popen(*a, **k))
+        return started[-1]
+
+    monkeypatch.setattr(runs, "run_command", command)
+    monkeypatch.setattr(runs.subprocess, "Popen", popen)
+    with pytest.raises(SystemExit, match="run bad_s1 failed \\(exit 3\\)"):
+        runs.run_all("task_grpo", [("slow", 1), ("bad", 1)], 2, [], tmp_path)
+    assert len(started) == 2 and started[0].poll() is not None  # the slow run was killed, not left running
