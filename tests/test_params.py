@@ -135,7 +135,9 @@ def test_an_error_names_where_the_value_came_from(tmp_path):
 
 
 def test_a_typo_in_the_file_stops_a_stage_in_about_a_second(tmp_path):
-    text = (REPO / "params.yaml").read_text().replace("  steps: 40\n", "  stepz: 40\n")
+    original = (REPO / "params.yaml").read_text()
+    text = re.sub(r"(\ngrpo:\n(?:.*\n)*?  train:\n    )steps:", r"\1stepz:", original, count=1)
+    assert text != original  # else the stage would run a whole GRPO run
     (tmp_path / "params.yaml").write_text(text)
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "stages.grpo", "--variant", "density", "--seed", "1", "--params",
