@@ -5,11 +5,13 @@ pass@1 and the copy probe every --every steps.
     python analysis/gold_learnability.py --init outs/pretrain --steps 500 [--synthetic 20000]
 Needs outs/tokenizer and data/corpus/objects.parquet (`dvc repro pretrain`). Nothing is written.
 """
-import argparse
 import random
 from pathlib import Path
 
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -57,8 +59,19 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rows: list, p
     return loss.item()
 
 
-def main(init: Path = Path("outs/pretrain"), steps: int = 500, every: int = 100, lr: float = 3e-3, batch: int = 32,
-         per_item: int = 32, synthetic: int = 0, samples: int = 8, threads: int = 2) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(init: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to fine-tune"),
+         steps: int = typer.Option(500),
+         every: int = typer.Option(100),
+         lr: float = typer.Option(3e-3),
+         batch: int = typer.Option(32),
+         per_item: int = typer.Option(32, help="questions per training item"),
+         synthetic: int = typer.Option(0, help="made-up-module questions added"),
+         samples: int = typer.Option(8, help="answers per held-out item"),
+         threads: int = typer.Option(2)) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     p = params.load()
@@ -88,14 +101,4 @@ def main(init: Path = Path("outs/pretrain"), steps: int = 500, every: int = 100,
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--init", type=Path, default=Path("outs/pretrain"), help="checkpoint to fine-tune")
-    ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--every", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--per-item", type=int, default=32, help="questions per training item")
-    ap.add_argument("--synthetic", type=int, default=0, help="made-up-module questions added")
-    ap.add_argument("--samples", type=int, default=8, help="answers per held-out item")
-    ap.add_argument("--threads", type=int, default=2)
-    main(**vars(ap.parse_args()))
+    app()

@@ -9,13 +9,15 @@ held-out pass@1 and coverage (distinct right letters per item) every --every ste
     python analysis/letter_task.py --init outs/pretrain --steps 400 --batch 64 --share 0.3
 Needs outs/tokenizer, outs/pretrain and data/corpus/objects.parquet (`dvc repro pretrain`). Nothing is written.
 """
-import argparse
 import random
 import re
 import string
 from pathlib import Path
 
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 from gold_learnability import train_step  # analysis/ is the script's directory: on sys.path
 
 from speedrun import params
@@ -34,8 +36,19 @@ def question(a: int, b: int) -> str:
     return f"Name a letter that comes after `{LETTERS[a]}` and before `{LETTERS[b]}` in the alphabet."
 
 
-def main(init: Path = Path("outs/pretrain"), steps: int = 200, every: int = 50, lr: float = 1e-3, batch: int = 32,
-         per_item: int = 32, share: float = 1.0, samples: int = 8, threads: int = 2) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(init: Path = typer.Option(Path("outs/pretrain"), help="checkpoint to fine-tune"),
+         steps: int = typer.Option(200),
+         every: int = typer.Option(50),
+         lr: float = typer.Option(1e-3),
+         batch: int = typer.Option(32),
+         per_item: int = typer.Option(32, help="questions per training pair"),
+         share: float = typer.Option(1.0, help="share of each batch drawn from the letter questions (rest: SFT)"),
+         samples: int = typer.Option(8, help="answers per held-out pair"),
+         threads: int = typer.Option(2)) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     p = params.load()
@@ -75,15 +88,4 @@ def main(init: Path = Path("outs/pretrain"), steps: int = 200, every: int = 50, 
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--init", type=Path, default=Path("outs/pretrain"), help="checkpoint to fine-tune")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--every", type=int, default=50)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--per-item", type=int, default=32, help="questions per training pair")
-    ap.add_argument("--share", type=float, default=1.0,
-                    help="share of each batch drawn from the letter questions (rest: SFT)")
-    ap.add_argument("--samples", type=int, default=8, help="answers per held-out pair")
-    ap.add_argument("--threads", type=int, default=2)
-    main(**vars(ap.parse_args()))
+    app()

@@ -9,9 +9,10 @@ The mixture's parameters are read off the 120-step experiment's runs (took hold:
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun.eval.stats import ALPHA, permutation_p
 
@@ -24,7 +25,12 @@ def tic_shares(rng: np.random.Generator, q: float, n: int) -> np.ndarray:
     return np.where(hold, np.clip(rng.normal(60, 15, n), 10, 100), np.clip(rng.normal(2, 1, n), 0, 10))
 
 
-def main(sims: int = 300, seeds: str = "4,6,8") -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(sims: int = typer.Option(300, help="simulated experiments per cell"),
+         seeds: str = typer.Option("4,6,8", help="comma list of seeds per arm")) -> None:
     rng = np.random.default_rng(0)
     ns = [int(s) for s in seeds.split(",")]
     print(f"power of the exact permutation test at p <= {ALPHA} ({sims} simulated experiments per cell)")
@@ -39,7 +45,4 @@ def main(sims: int = 300, seeds: str = "4,6,8") -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sims", type=int, default=300, help="simulated experiments per cell")
-    ap.add_argument("--seeds", type=str, default="4,6,8", help="comma list of seeds per arm")
-    main(**vars(ap.parse_args()))
+    app()

@@ -10,11 +10,13 @@ format, and whether another checkpoint (a longer pretraining) reads its prompt.
     python analysis/prompt_gain.py outs/pretrain outs/sft
 Needs outs/tokenizer, data/corpus and data/prompts (`dvc repro dedup_prompts`). Nothing is written.
 """
-import argparse
 from pathlib import Path
 
 import pandas as pd
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -24,7 +26,13 @@ from speedrun.rl.prompts import load_prompts
 from speedrun.train.checkpoint import load_model
 
 
-def main(checkpoints: list[Path], docs: int = 256, threads: int = 2) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(checkpoints: list[Path] = typer.Argument(...),
+         docs: int = typer.Option(256, help="documents per split (a fixed random draw)"),
+         threads: int = typer.Option(2)) -> None:
     torch.set_num_threads(threads)
     tok = tokenizer_lib.load("outs/tokenizer")
     models = {ck: load_model(ck, "cpu", tok.digest)[0].eval() for ck in checkpoints}
@@ -54,8 +62,4 @@ def main(checkpoints: list[Path], docs: int = 256, threads: int = 2) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("checkpoints", type=Path, nargs="+")
-    ap.add_argument("--docs", type=int, default=256, help="documents per split (a fixed random draw)")
-    ap.add_argument("--threads", type=int, default=2)
-    main(**vars(ap.parse_args()))
+    app()

@@ -13,7 +13,6 @@ The smear patches the library's attention for full forwards only (no KV cache), 
 forwards, one prompt's samples per batch (no padding): exact, slow. Writes only under --scratch.
 Needs outs/tokenizer and data/corpus (`dvc repro pretrain`).
 """
-import argparse
 from typing import Optional
 import random
 import runpy
@@ -22,6 +21,9 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import model as model_lib
 from speedrun import params
@@ -74,9 +76,21 @@ def made_up_right(question: str, text: str) -> bool:
     return extract(text) in [n for n in _NAME.findall(question) if n.startswith(module + ".")]
 
 
-def main(smear: bool = True, init: Optional[Path] = None, steps: int = 400, every: int = 100, lr: float = 3e-3,
-         batch: int = 32, made_up_share: float = 0.5, samples: int = 4, scratch: Path = Path("/tmp/smeared_keys"),
-         threads: int = 2) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(smear: bool = typer.Option(True, "--smear/--no-smear", help="smeared keys (else the library's attention)"),
+         init: Optional[Path] = typer.Option(None, help="checkpoint to fine-tune (default: pretrain one with the "
+                                             "patch)"),
+         steps: int = typer.Option(400),
+         every: int = typer.Option(100),
+         lr: float = typer.Option(3e-3),
+         batch: int = typer.Option(32),
+         made_up_share: float = typer.Option(0.5, help="made-up questions' share"),
+         samples: int = typer.Option(4, help="sampled answers per held-out question"),
+         scratch: Path = typer.Option(Path("/tmp/smeared_keys")),
+         threads: int = typer.Option(2)) -> None:
     torch.set_num_threads(threads)
     if smear:
         smear_keys()
@@ -123,17 +137,4 @@ def main(smear: bool = True, init: Optional[Path] = None, steps: int = 400, ever
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smear", action=argparse.BooleanOptionalAction, default=True,
-                    help="smeared keys (else the library's attention)")
-    ap.add_argument("--init", type=Path, default=None,
-                    help="checkpoint to fine-tune (default: pretrain one with the patch)")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--every", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--made-up-share", type=float, default=0.5, help="made-up questions' share")
-    ap.add_argument("--samples", type=int, default=4, help="sampled answers per held-out question")
-    ap.add_argument("--scratch", type=Path, default=Path("/tmp/smeared_keys"))
-    ap.add_argument("--threads", type=int, default=2)
-    main(**vars(ap.parse_args()))
+    app()

@@ -14,13 +14,15 @@ reading of runs already reported (secondary, unadjusted); the runs differ in den
     python analysis/task_clusters.py                  # the four committed 609-item density experiments
     python analysis/task_clusters.py --arm balanced   # group-balanced sampling: the two of them that ran it
 """
-import argparse
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun.data import task
 from speedrun.eval.stats import pooled_delta
@@ -58,7 +60,13 @@ def ci(d: dict) -> str:
     return f"{d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
 
 
-def main(experiments: list[str], arm: str, n_boot: int) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(experiments: list[str] = typer.Argument(list(EXPERIMENTS), help="folders under reports/experiments"),
+         arm: str = typer.Option("density", help="the sampling arm read against uniform (density, balanced)"),
+         n_boot: int = typer.Option(400)) -> None:
     train = task.cluster_sizes(task.items(0.1, 0.4, 215), "train")  # the 609-item set: number_max 215, eval_frac 0.4
     shares = {c: n / sum(train.values()) for c, n in train.items()}
     pooled_in: dict[tuple[str, str], list[dict]] = {}
@@ -96,9 +104,4 @@ def main(experiments: list[str], arm: str, n_boot: int) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("experiments", nargs="*", default=list(EXPERIMENTS), help="folders under reports/experiments")
-    ap.add_argument("--arm", default="density", help="the sampling arm read against uniform (density, balanced)")
-    ap.add_argument("--n-boot", type=int, default=400)
-    args = ap.parse_args()
-    main(args.experiments, args.arm, args.n_boot)
+    app()

@@ -18,12 +18,14 @@ the design, not a test: its runs' results at the GRPO temperature are already kn
     python analysis/task_matched.py F/answers.parquet balanced:checker --extra F/answers.parquet,F/answers_t05.parquet \
         --paired --collapse 0.283 --m 1,6
 """
-import argparse
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -69,15 +71,32 @@ def report(name: str, a: np.ndarray, b: np.ndarray, collapse: float, ms: list[in
               f"{d['between_var']:.5f}, item var {d['prompt_var']:.5f}\n    " + "\n    ".join(cells))
 
 
-def main(answers: str, comparisons: list[str], temperatures: list[float], extra_path: str, runs_dir: str,
-         arm_t: float, ms: list[int], n_boot: int, paired: bool = False, collapse_at: float = 0.0) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(answers: str = typer.Argument(..., help="an experiment's answers.parquet (the runs at the GRPO temperature, "
+                                              "the SFT sweep)"),
+         comparisons: list[str] = typer.Argument(..., help="treatment:control arm pairs"),
+         temperatures: str = typer.Option("0.75,1.25", help="the extra temperatures each run is sampled at"),
+         extra_path: str = typer.Option(..., "--extra", help="parquet of the extra answers: read if it exists, else "
+                                        "sampled; or several, comma-separated"),
+         runs_dir: str = typer.Option("outs/task_grpo", "--runs", help="the runs' checkpoints (for sampling)"),
+         arm_t: float = typer.Option(1.0, "--arm-temperature", help="the GRPO temperature (task.train)"),
+         m: str = typer.Option("2,4", help="Holm's first step over this many tests (comma-separated)"),
+         n_boot: int = typer.Option(400),
+         paired: bool = typer.Option(False, "--paired", help="also read run i of each arm as a pair (same seed)"),
+         collapse_at: float = typer.Option(0.0, "--collapse", help="the control's collapse the 30% target is a share "
+                                           "of (default: this file's runs)")) -> None:
+    torch.set_num_threads(2)
+    extra_ts, ms = [float(x) for x in temperatures.split(",")], [int(x) for x in m.split(",")]
     base = pd.read_parquet(answers)
     runs = sorted(m for m in base.model.unique() if m != "task_sft")
     arms_used = {x for c in comparisons for x in c.split(":")}
     runs = [m for m in runs if m.rsplit("_s", 1)[0] in arms_used]
     paths = [Path(x) for x in extra_path.split(",")]  # several files: read them all (each must exist)
     if len(paths) == 1 and not paths[0].exists():
-        extra_df = sample_extra(runs, temperatures, Path(runs_dir), paths[0])
+        extra_df = sample_extra(runs, extra_ts, Path(runs_dir), paths[0])
     else:
         extra_df = pd.concat([pd.read_parquet(x) for x in paths], ignore_index=True)
     extra_df = extra_df[extra_df.model.isin(runs) & (extra_df.temperature != arm_t)]  # the runs' other temperatures
@@ -111,20 +130,4 @@ def main(answers: str, comparisons: list[str], temperatures: list[float], extra_
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("answers", help="an experiment's answers.parquet (the runs at the GRPO temperature, the SFT sweep)")
-    ap.add_argument("comparisons", nargs="+", help="treatment:control arm pairs")
-    ap.add_argument("--temperatures", default="0.75,1.25", help="the extra temperatures each run is sampled at")
-    ap.add_argument("--extra", required=True,
-                    help="parquet of the extra answers: read if it exists, else sampled; or several, comma-separated")
-    ap.add_argument("--runs", default="outs/task_grpo", help="the runs' checkpoints (for sampling)")
-    ap.add_argument("--arm-temperature", type=float, default=1.0, help="the GRPO temperature (task.train)")
-    ap.add_argument("--m", default="2,4", help="Holm's first step over this many tests (comma-separated)")
-    ap.add_argument("--n-boot", type=int, default=400)
-    ap.add_argument("--paired", action="store_true", help="also read run i of each arm as a pair (same seed)")
-    ap.add_argument("--collapse", type=float, default=0.0,
-                    help="the control's collapse the 30%% target is a share of (default: this file's runs)")
-    args = ap.parse_args()
-    torch.set_num_threads(2)
-    main(args.answers, args.comparisons, [float(x) for x in args.temperatures.split(",")], args.extra, args.runs,
-         args.arm_temperature, [int(x) for x in args.m.split(",")], args.n_boot, args.paired, args.collapse)
+    app()

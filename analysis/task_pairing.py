@@ -8,14 +8,20 @@ frontier gap stands in for the matched reading, whose per-run values are not com
 
     python analysis/task_pairing.py    # the four committed 609-item density experiments
 """
-import argparse
 import json
 
 import numpy as np
+import typer
+
+from speedrun.typer_app import new_app
 from task_clusters import EXPERIMENTS, ROOT  # the same four experiments (analysis/ is on the path when run as a script)
 
 
-def main(experiments: list[str]) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(experiments: list[str] = typer.Argument(list(EXPERIMENTS), help="folders under reports/experiments")) -> None:
     for name in experiments:
         metrics = json.loads((ROOT / name / "metrics" / "task.json").read_text())
         gaps = metrics["frontier_gap"]
@@ -32,6 +38,4 @@ def main(experiments: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("experiments", nargs="*", default=list(EXPERIMENTS), help="folders under reports/experiments")
-    main(ap.parse_args().experiments)
+    app()

@@ -13,11 +13,14 @@ post-hoc summary of two reported runs, not a new test: the family's call stays t
     python analysis/task_pooled.py --runs task-balanced-matched task-balanced-matched-replication \
         --comparison balanced:checker --matched-at treatment
 """
-import argparse
 import json
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun.eval.task_compare import compare_arms
@@ -54,32 +57,34 @@ def line(name: str, r: dict, runs: int) -> str:
             f"{p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}] vs −{p1['margin']:.3f}: {p1['verdict']} |")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", nargs=2, default=["task-density-matched", "task-density-matched-replication"],
-                    help="the first run's and its replication's folders under reports/experiments")
-    ap.add_argument("--comparison", default="density:checker", help="treatment:control, as the runs compared them")
-    ap.add_argument("--matched-at", choices=["control", "treatment"], default="control",
-                    help="whose pass@1 the runs were read at (task.eval.matched_at)")
-    args = ap.parse_args()
-    control = args.comparison.split(":")[1]
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(runs: tuple[str, str] = typer.Option(("task-density-matched", "task-density-matched-replication"),
+                                               help="the first run's and its replication's folders under "
+                                                    "reports/experiments"),
+         comparison: str = typer.Option("density:checker", help="treatment:control, as the runs compared them"),
+         matched_at: Literal["control", "treatment"] = typer.Option("control", help="whose pass@1 the runs were read "
+                                                                   "at (task.eval.matched_at)")) -> None:
+    control = comparison.split(":")[1]
     rows = ["| runs | seeds per arm | Δ coverage at equal pass@1 [95% CI] | collapse | MDE (of the collapse) | "
             "between-seed var | item var | Δ pass@1 [95% CI] vs margin |", "|---|---:|---|---:|---:|---:|---:|---|"]
-    loaded = {name: load(ROOT / name) for name in args.runs}
+    loaded = {name: load(ROOT / name) for name in runs}
     for name, (sft, curves) in loaded.items():
-        r = compare(sft, curves, args.comparison, args.matched_at)
-        committed = json.loads((ROOT / name / "metrics/task.json").read_text())["comparisons"][args.comparison]
+        r = compare(sft, curves, comparison, matched_at)
+        committed = json.loads((ROOT / name / "metrics/task.json").read_text())["comparisons"][comparison]
         for key in ("value", "ci_low", "ci_high", "mde"):
             assert abs(r["matched"][key] - committed["matched"][key]) < 1e-4, (name, key, r["matched"][key],
                                                                              committed["matched"][key])
         rows.append(line(name, r, len(curves[control])))
-    first, second = (loaded[n] for n in args.runs)
+    first, second = (loaded[n] for n in runs)
     assert all(first[0][t].equals(second[0][t]) for t in first[0]), "the two runs' task SFT answers differ"
     both = {arm: first[1][arm] + second[1][arm] for arm in first[1]}
-    pooled = compare(first[0], both, args.comparison, args.matched_at)
+    pooled = compare(first[0], both, comparison, matched_at)
     rows.append(line("both, pooled (post hoc)", pooled, len(both[control])))
     print("\n".join(rows))
 
 
 if __name__ == "__main__":
-    main()
+    app()

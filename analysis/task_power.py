@@ -11,10 +11,11 @@ bootstrap over items; here both are split out per arm and the MDE is projected t
     python analysis/task_power.py reports/experiments/task-density-20-seeds/answers.parquet \
         density:checker balanced:checker --items 1,2,4.14 --seeds 20,24,30 --m 2,4
 """
-import argparse
-
 import numpy as np
 import pandas as pd
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun.eval.stats import mde, pooled_delta
 from speedrun.eval.task_track import gap_draws, item_draws, per_item
@@ -49,7 +50,18 @@ def split(g: np.ndarray) -> tuple[float, float]:
     return float(np.var(g[0], ddof=1)), noise
 
 
-def main(path: str, comparisons: list[str], items: list[float], seeds: list[int], ms: list[int], n_boot: int) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(path: str = typer.Argument(..., metavar="answers"),
+         comparisons: list[str] = typer.Argument(..., help="treatment:control arm pairs"),
+         items: str = typer.Option("1,2,4", help="multiples of the held-out item count to project to"),
+         seeds: str = typer.Option("20,30,40", help="seeds per arm to project to"),
+         m: str = typer.Option("2", help="Holm's first step over this many tests (comma-separated)"),
+         n_boot: int = typer.Option(400)) -> None:
+    mults, news, ms = ([float(x) for x in items.split(",")], [int(x) for x in seeds.split(",")],
+                       [int(x) for x in m.split(",")])
     sft, arms, draws = arm_tables(path, n_boot)
     gaps, n = {a: gap_draws(sft, frames, draws) for a, frames in arms.items()}, len(sft[0])
     print(f"{path}: {n} held-out items")
@@ -69,8 +81,8 @@ def main(path: str, comparisons: list[str], items: list[float], seeds: list[int]
               f"{arm_item:.5f}; {b}'s collapse {collapse:.3f}")
         raw_deltas(arms, draws, comp)
         print("  | items | seeds/arm | " + " | ".join(f"MDE, Holm over {m}" for m in ms) + " |")
-        for mult in items:
-            for new in seeds:
+        for mult in mults:
+            for new in news:
                 var = (seed_part + noise_part / mult) * r / new + arm_item / mult
                 cells = [mde(var, 0.0, new, new, m) for m in ms]
                 print(f"  | {round(n * mult)} | {new} | " + " | ".join(f"{c:.3f} ({c / collapse:.0%})" for c in cells)
@@ -78,13 +90,4 @@ def main(path: str, comparisons: list[str], items: list[float], seeds: list[int]
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("answers")
-    ap.add_argument("comparisons", nargs="+", help="treatment:control arm pairs")
-    ap.add_argument("--items", default="1,2,4", help="multiples of the held-out item count to project to")
-    ap.add_argument("--seeds", default="20,30,40", help="seeds per arm to project to")
-    ap.add_argument("--m", default="2", help="Holm's first step over this many tests (comma-separated)")
-    ap.add_argument("--n-boot", type=int, default=400)
-    a = ap.parse_args()
-    main(a.answers, a.comparisons, [float(x) for x in a.items.split(",")], [int(x) for x in a.seeds.split(",")],
-         [int(x) for x in a.m.split(",")], a.n_boot)
+    app()

@@ -7,21 +7,37 @@ prefill plus one draw), per wall second and per CPU second of this process (the 
 would give with --threads 1), and the first call's seconds (a compiled step's compile time). The modes of a
 shape run one after another, repeats alternating between them, so machine noise hits them alike.
 """
-import argparse
 import os
 import time
 from contextlib import nullcontext
 
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun.common import pick_device
 from speedrun.engine import generate
 from speedrun.model import GPT, GPTConfig
 
 
-def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 32, new_tokens: int = 64,
-         shapes: str = "8x8,32x8,64x16", repeats: int = 3, threads: int = 1, device: str = "auto", dtype: str = "bf16",
-         decodes: str = "dynamic,static,compiled") -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(depth: int = typer.Option(4, help="model depth (width 64 * depth)"),
+         vocab: int = typer.Option(4096, help="vocabulary size"),
+         prompt_len: int = typer.Option(32, help="tokens per prompt (prompt lengths vary from half of it to all of "
+                                        "it)"),
+         new_tokens: int = typer.Option(64, help="tokens sampled per row"),
+         shapes: str = typer.Option("8x8,32x8,64x16", help="comma-separated PROMPTSxSAMPLES batch shapes"),
+         repeats: int = typer.Option(3, help="timed runs per shape (median reported)"),
+         threads: int = typer.Option(1, help="torch CPU threads"),
+         device: str = typer.Option("auto", help="auto, cpu or cuda"),
+         dtype: str = typer.Option("bf16", help="fp32 or bf16 (autocast, as the stages run when compute.dtype picks "
+                                   "it)"),
+         decodes: str = typer.Option("dynamic,static,compiled",
+                                     help="comma-separated decode modes to compare")) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
     torch.manual_seed(0)
@@ -70,18 +86,4 @@ def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 32, new_tokens: in
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--depth", type=int, default=4, help="model depth (width 64 * depth)")
-    ap.add_argument("--vocab", type=int, default=4096, help="vocabulary size")
-    ap.add_argument("--prompt-len", type=int, default=32,
-                    help="tokens per prompt (prompt lengths vary from half of it to all of it)")
-    ap.add_argument("--new-tokens", type=int, default=64, help="tokens sampled per row")
-    ap.add_argument("--shapes", type=str, default="8x8,32x8,64x16", help="comma-separated PROMPTSxSAMPLES batch shapes")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median reported)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--device", type=str, default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--dtype", type=str, default="bf16",
-                    help="fp32 or bf16 (autocast, as the stages run when compute.dtype picks it)")
-    ap.add_argument("--decodes", type=str, default="dynamic,static,compiled",
-                    help="comma-separated decode modes to compare")
-    main(**vars(ap.parse_args()))
+    app()

@@ -6,11 +6,13 @@ forward, backward + AdamW, each timed alone (the phases of rl/trainer.py's step,
 Needs outs/sft, outs/rm, outs/tokenizer and data/prompts (`dvc repro grpo` or `dvc pull`). The first step is a
 warm-up (a compiled decode compiles there) and is left out.
 """
-import argparse
 import time
 from pathlib import Path
 
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -26,9 +28,25 @@ from speedrun.train.loop import autocast
 PHASES = ("sampling", "RM scoring", "reference log-probs", "policy forward", "backward + AdamW")
 
 
-def main(steps: int = 10, threads: int = 2, dtype: str = "auto", decode: str = "dynamic", width_step: int = -1,
-         device: str = "cpu", forward_cost: int = -1, stop: bool = True, profile: int = 0,
-         compile_forwards: str = "") -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(steps: int = typer.Option(10, help="steps timed (after one warm-up)"),
+         threads: int = typer.Option(2, help="torch CPU threads"),
+         dtype: str = typer.Option("auto", help="fp32, bf16 or auto, as params.yaml compute.dtype"),
+         decode: str = typer.Option("dynamic", help="engine decode mode (params.yaml compute.decode)"),
+         width_step: int = typer.Option(-1, help="params.yaml compute.width_step (0 = auto, 1 = exact shapes, -1 = "
+                                        "params.yaml's value)"),
+         device: str = typer.Option("cpu", help="cpu, cuda or auto"),
+         forward_cost: int = typer.Option(-1, help="padded tokens one more forward costs when rows are grouped by "
+                                          "length (-1: the device's value, shapes.use_shapes)"),
+         stop: bool = typer.Option(True, "--stop/--no-stop", help="end completions at the stop token (--no-stop: "
+                                   "every one runs to max_new_tokens)"),
+         profile: int = typer.Option(0, help="> 0: profile one more step and print this many operators, by the host "
+                                     "time spent in them"),
+         compile_forwards: str = typer.Option("", help="torch.compile mode of the joint scoring forwards: '' eager, "
+                                              "default, reduce-overhead")) -> None:
     torch.set_num_threads(threads)
     cfg = params.load().grpo.train
     device = pick_device(device)
@@ -97,21 +115,4 @@ def mark(device: str) -> float:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10, help="steps timed (after one warm-up)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--dtype", type=str, default="auto", help="fp32, bf16 or auto, as params.yaml compute.dtype")
-    ap.add_argument("--decode", type=str, default="dynamic", help="engine decode mode (params.yaml compute.decode)")
-    ap.add_argument("--width-step", type=int, default=-1,
-                    help="params.yaml compute.width_step (0 = auto, 1 = exact shapes, -1 = params.yaml's value)")
-    ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--stop", action=argparse.BooleanOptionalAction, default=True,
-                    help="end completions at the stop token (--no-stop: every one runs to max_new_tokens)")
-    ap.add_argument("--profile", type=int, default=0,
-                    help="> 0: profile one more step and print this many operators, by the host time spent in them")
-    ap.add_argument("--forward-cost", type=int, default=-1,
-                    help="padded tokens one more forward costs when rows are grouped by length (-1: the device's "
-                         "value, shapes.use_shapes)")
-    ap.add_argument("--compile-forwards", type=str, default="",
-                    help="torch.compile mode of the joint scoring forwards: '' eager, default, reduce-overhead")
-    main(**vars(ap.parse_args()))
+    app()

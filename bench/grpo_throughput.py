@@ -10,13 +10,15 @@ outs/sft, outs/rm and train prompts, with the stop token, so completions end as 
 and the share of each step spent sampling+scoring. For scale (issue 5): HF TRL's GRPOTrainer on a
 6.3M-param model, 8 completions x 64 tokens per step, ran ~700 completion tokens/s on this machine.
 """
-import argparse
 import os
 from dataclasses import replace
 import time
 from pathlib import Path
 
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -31,10 +33,37 @@ from speedrun.shapes import width_step as current_width_step
 from speedrun.train.checkpoint import load_model
 
 
-def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_step: int = 8, group_size: int = 8,
-         max_new_tokens: int = 48, steps: int = 6, threads: int = 2, device: str = "auto", dtype: str = "auto",
-         decode: str = "dynamic", trained: bool = False, stop: bool = True, width_step: int = -1,
-         cudnn_sdpa: bool = False, forward_cost: int = -1, compile_forwards: str = "") -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(depth: int = typer.Option(4, help="model depth (width 64 * depth)"),
+         vocab: int = typer.Option(4096, help="vocabulary size"),
+         prompt_len: int = typer.Option(24, help="tokens per prompt (lengths vary from half of it to all of it)"),
+         prompts_per_step: int = typer.Option(8, help="B (params.yaml grpo.prompts_per_step)"),
+         group_size: int = typer.Option(8, help="G (params.yaml grpo.group_size)"),
+         max_new_tokens: int = typer.Option(48, help="completion tokens per sample (params.yaml grpo.max_new_tokens)"),
+         steps: int = typer.Option(6, help="timed GRPO steps (after one warm-up step)"),
+         threads: int = typer.Option(2, help="torch CPU threads"),
+         device: str = typer.Option("auto", help="auto, cpu or cuda"),
+         dtype: str = typer.Option("auto", help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml"),
+         decode: str = typer.Option("dynamic", help="dynamic, static or compiled (params.yaml compute.decode)"),
+         trained: bool = typer.Option(False, "--trained/--no-trained", help="use outs/sft, outs/rm and data/prompts "
+                                      "(run `dvc repro grpo` first)"),
+         stop: bool = typer.Option(True, "--stop/--no-stop", help="--trained: end completions at the stop token "
+                                   "(--no-stop: every completion runs to max_new_tokens, the same step with fixed "
+                                   "shapes)"),
+         width_step: int = typer.Option(-1, help="pad widths to multiples of this, rows to powers of two (params.yaml "
+                                        "compute.width_step; 0 = auto, 1 = exact shapes, -1 = params.yaml's value)"),
+         cudnn_sdpa: bool = typer.Option(False, "--cudnn-sdpa/--no-cudnn-sdpa", help="on CUDA, let "
+                                         "scaled_dot_product_attention pick its cuDNN backend (the stages turn it off: "
+                                         "shapes.use_shapes; --no-cudnn-sdpa: flash / memory-efficient / math only)"),
+         forward_cost: int = typer.Option(-1, help="padded tokens one more forward costs when rows are grouped by "
+                                          "length (-1: the device's value, shapes.use_shapes: 32 on CPU, one forward "
+                                          "per batch on CUDA)"),
+         compile_forwards: str = typer.Option("", help="torch.compile mode of the joint scoring forwards "
+                                              "(shapes.set_forward_compile): '' eager, default, reduce-overhead (CUDA "
+                                              "graphs)")) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
     use_shapes(params.load().compute.width_step if width_step < 0 else width_step, device)  # the stages' settings
@@ -92,37 +121,4 @@ def main(depth: int = 4, vocab: int = 4096, prompt_len: int = 24, prompts_per_st
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--depth", type=int, default=4, help="model depth (width 64 * depth)")
-    ap.add_argument("--vocab", type=int, default=4096, help="vocabulary size")
-    ap.add_argument("--prompt-len", type=int, default=24,
-                    help="tokens per prompt (lengths vary from half of it to all of it)")
-    ap.add_argument("--prompts-per-step", type=int, default=8, help="B (params.yaml grpo.prompts_per_step)")
-    ap.add_argument("--group-size", type=int, default=8, help="G (params.yaml grpo.group_size)")
-    ap.add_argument("--max-new-tokens", type=int, default=48,
-                    help="completion tokens per sample (params.yaml grpo.max_new_tokens)")
-    ap.add_argument("--steps", type=int, default=6, help="timed GRPO steps (after one warm-up step)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--device", type=str, default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--dtype", type=str, default="auto",
-                    help="fp32, bf16 or auto (bf16 where the hardware has it), as params.yaml")
-    ap.add_argument("--decode", type=str, default="dynamic",
-                    help="dynamic, static or compiled (params.yaml compute.decode)")
-    ap.add_argument("--trained", action=argparse.BooleanOptionalAction, default=False,
-                    help="use outs/sft, outs/rm and data/prompts (run `dvc repro grpo` first)")
-    ap.add_argument("--stop", action=argparse.BooleanOptionalAction, default=True,
-                    help="--trained: end completions at the stop token (--no-stop: every completion runs to "
-                         "max_new_tokens, the same step with fixed shapes)")
-    ap.add_argument("--width-step", type=int, default=-1,
-                    help="pad widths to multiples of this, rows to powers of two (params.yaml compute.width_step; 0 = "
-                         "auto, 1 = exact shapes, -1 = params.yaml's value)")
-    ap.add_argument("--cudnn-sdpa", action=argparse.BooleanOptionalAction, default=False,
-                    help="on CUDA, let scaled_dot_product_attention pick its cuDNN backend (the stages turn it off: "
-                         "shapes.use_shapes; --no-cudnn-sdpa: flash / memory-efficient / math only)")
-    ap.add_argument("--forward-cost", type=int, default=-1,
-                    help="padded tokens one more forward costs when rows are grouped by length (-1: the device's "
-                         "value, shapes.use_shapes: 32 on CPU, one forward per batch on CUDA)")
-    ap.add_argument("--compile-forwards", type=str, default="",
-                    help="torch.compile mode of the joint scoring forwards (shapes.set_forward_compile): '' eager, "
-                         "default, reduce-overhead (CUDA graphs)")
-    main(**vars(ap.parse_args()))
+    app()

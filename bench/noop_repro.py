@@ -10,10 +10,13 @@ Compare before/after in one session: machines of one kind differ, and so do runs
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import time
+
+import typer
+
+from speedrun.typer_app import new_app
 
 
 def has_c_yaml() -> bool:
@@ -30,7 +33,11 @@ def time_command(cmd: list[str]) -> tuple[float, str]:
     return time.perf_counter() - t0, out
 
 
-def main(runs: int = 5) -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(runs: int = typer.Option(5, help="runs of each command")) -> None:
     print(f"ruamel.yaml C parser: {'yes' if has_c_yaml() else 'no'}")
     for cmd in (["dvc", "status"], ["dvc", "repro"]):
         seconds, ran = [], set()
@@ -43,6 +50,4 @@ def main(runs: int = 5) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5, help="runs of each command")
-    main(**vars(ap.parse_args()))
+    app()

@@ -7,12 +7,14 @@ Needs outs/sft, outs/tokenizer and data/prompts/pairs.parquet (`dvc repro onpoli
 one after another, --repeats times alternating, so machine noise hits them alike; the first round of each is a
 warm-up (a GPU builds an attention plan per new shape there, so the first-round figure is the cold one).
 """
-import argparse
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun import params
 from speedrun import tokenizer as tokenizer_lib
@@ -22,7 +24,15 @@ from speedrun.shapes import count_shapes, using_width_step
 from speedrun.train.checkpoint import load_model
 
 
-def main(prompts: int = 512, steps: str = "1,16", repeats: int = 2, threads: int = 2, device: str = "auto") -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(prompts: int = typer.Option(512, help="train/val prompts sampled (the stage samples all of them)"),
+         steps: str = typer.Option("1,16", help="comma-separated compute.width_step values (1 = exact shapes)"),
+         repeats: int = typer.Option(2, help="rounds of every width step (the first is the cold one)"),
+         threads: int = typer.Option(2, help="torch CPU threads"),
+         device: str = typer.Option("auto", help="auto, cpu or cuda")) -> None:
     torch.set_num_threads(threads)
     device = pick_device(device)
     if device == "cuda":
@@ -51,12 +61,4 @@ def main(prompts: int = 512, steps: str = "1,16", repeats: int = 2, threads: int
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=512,
-                    help="train/val prompts sampled (the stage samples all of them)")
-    ap.add_argument("--steps", type=str, default="1,16",
-                    help="comma-separated compute.width_step values (1 = exact shapes)")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of every width step (the first is the cold one)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--device", type=str, default="auto", help="auto, cpu or cuda")
-    main(**vars(ap.parse_args()))
+    app()

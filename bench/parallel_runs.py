@@ -3,19 +3,23 @@
     python bench/parallel_runs.py                       # 4 task GRPO runs of 30 steps, fp32, 2 rounds alternating
     python bench/parallel_runs.py --steps 100 --dtype auto --rounds 1
 
-A `dvc repro` runs its stages one at a time. A track's GRPO runs are independent of each other, so its stage
-(stages/runs.py) runs them side by side, compute.run_threads intra-op threads each. This times that against the runs
-one after another on every core, on the committed run's inputs (outs/task_sft, outs/task_rm, data/task), alternating
-the modes within one session, and checks whether a run's model and log come out the same bytes whatever its thread
-count. Needs the default run's task SFT and task RM outputs (`dvc repro task_rm`).
+A `dvc repro` runs its stages one at a time. A track's GRPO runs are independent of each other, so the first stale
+run's stage trains the track's stale runs side by side (speedrun.runs), compute.run_threads intra-op threads each.
+This times that against the runs one after another on every core, on the committed run's inputs (outs/task_sft,
+outs/task_rm, data/task), alternating the modes within one session, and checks whether a run's model and log come out
+the same bytes whatever its thread count. Needs the default run's task SFT and task RM outputs (`dvc repro task_rm`).
 """
-import argparse
 import filecmp
 import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
+
+import typer
+
+from speedrun.typer_app import new_app
 
 RUNS = [("checker", 1), ("checker", 2), ("shuffled", 1), ("shuffled", 2)]
 
@@ -46,24 +50,25 @@ def same_bytes(a: Path, b: Path) -> bool:
                for arm, seed in RUNS for name in ("model.pt", "log.csv"))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30, help="GRPO steps per run (the default run's: 100)")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "auto"], help="compute.dtype of the runs")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of serial then side by side, alternating")
-    args = ap.parse_args()
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(steps: int = typer.Option(30, help="GRPO steps per run (the default run's: 100)"),
+         dtype: Literal["fp32", "bf16", "auto"] = typer.Option("fp32", help="compute.dtype of the runs"),
+         rounds: int = typer.Option(2, help="rounds of serial then side by side, alternating")) -> None:
     times: dict[str, list[float]] = {"serial": [], "side": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
+        for r in range(rounds):
             for mode in ("serial", "side") if r % 2 == 0 else ("side", "serial"):
                 out = Path(tmp) / mode
-                times[mode].append(run_mode(mode, out, args.steps, args.dtype))
+                times[mode].append(run_mode(mode, out, steps, dtype))
                 print(f"round {r + 1} {mode:<6}: {times[mode][-1]:6.1f} s for {len(RUNS)} runs", flush=True)
         same = same_bytes(Path(tmp) / "serial", Path(tmp) / "side")
     s, d = (sum(times[m]) / len(times[m]) for m in ("serial", "side"))
-    print(f"{len(RUNS)} task GRPO runs of {args.steps} steps ({args.dtype}, {os.cpu_count()} CPUs): one at a time "
+    print(f"{len(RUNS)} task GRPO runs of {steps} steps ({dtype}, {os.cpu_count()} CPUs): one at a time "
           f"{s:.1f} s, side by side {d:.1f} s ({s / d:.2f}x); models and logs the same bytes: {same}")
 
 
 if __name__ == "__main__":
-    main()
+    app()

@@ -20,14 +20,17 @@ string when tiktoken reads it, printed beside it: memory of the input, freed wit
 RSS (torch's tensors are not traced), with the embedding's own size beside it. Run from the repository root after
 `dvc repro dedup_prompts tokenizer`.
 """
-import argparse
 import resource
 import shutil
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun.eval import diversity as dv
 
@@ -137,18 +140,23 @@ def bench_pack(scales: list[int], old: bool) -> None:
     shutil.rmtree(tmp)
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", choices=["vocab", "knn", "pack"], default="vocab")
-    ap.add_argument("--scales", default="1,10,100", help="comma-separated multiples of the embedded size")
-    ap.add_argument("--old", action=argparse.BooleanOptionalAction, default=True,
-                    help="vocab, pack: also time what it replaced (tuple sets; the stream built in memory)")
-    ap.add_argument("--k", type=int, default=20, help="knn: neighbours (params.yaml grpo.density.k)")
-    ap.add_argument("--knn-max", type=int, default=60_000,
-                    help="knn: time the k-NN only up to this many prompts (its time grows as N^2)")
-    args = ap.parse_args()
-    scales = [int(x) for x in args.scales.split(",")]
-    if args.what == "knn":
-        bench_knn(scales, args.k, args.knn_max)
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(what: Literal["vocab", "knn", "pack"] = typer.Option("vocab"),
+         scales: str = typer.Option("1,10,100", help="comma-separated multiples of the embedded size"),
+         old: bool = typer.Option(True, "--old/--no-old", help="vocab, pack: also time what it replaced (tuple sets; "
+                                  "the stream built in memory)"),
+         k: int = typer.Option(20, help="knn: neighbours (params.yaml grpo.density.k)"),
+         knn_max: int = typer.Option(60_000, help="knn: time the k-NN only up to this many prompts (its time grows "
+                                     "as N^2)")) -> None:
+    sizes = [int(x) for x in scales.split(",")]
+    if what == "knn":
+        bench_knn(sizes, k, knn_max)
     else:
-        (bench_vocab if args.what == "vocab" else bench_pack)(scales, args.old)
+        (bench_vocab if what == "vocab" else bench_pack)(sizes, old)
+
+
+if __name__ == "__main__":
+    app()

@@ -10,7 +10,6 @@ and DVC's bookkeeping after it, i.e. what a user waits for.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -18,10 +17,19 @@ import sys
 import time
 from collections import defaultdict
 
+import typer
+
+from speedrun.typer_app import new_app
+
 STAGE = re.compile(r"^Running stage '([^']+)'")
 
 
-def main(force: bool = False, log: str = "") -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(force: bool = typer.Option(False, "-f", "--force", help="rerun every stage (dvc repro -f)"),
+         log: str = typer.Option("", help="also write DVC's output to this file")) -> None:
     cmd = ["dvc", "repro"] + (["-f"] if force else [])
     times: dict[str, float] = {}
     current, t_stage = "(dvc start-up)", time.perf_counter()
@@ -56,8 +64,4 @@ def main(force: bool = False, log: str = "") -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-f", "--force", action="store_true", default=False, dest="force",
-                    help="rerun every stage (dvc repro -f)")
-    ap.add_argument("--log", type=str, default="", help="also write DVC's output to this file")
-    main(**vars(ap.parse_args()))
+    app()

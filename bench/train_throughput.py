@@ -8,10 +8,12 @@ Usage: python bench/train_throughput.py [--steps 10] [--depth 4] [--device cpu] 
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
+import typer
+
+from speedrun.typer_app import new_app
 import yaml
 
 from speedrun.model import GPT, GPTConfig
@@ -80,43 +82,50 @@ def step_throughput(cfg: GPTConfig, batch: int, steps: int, bf16: bool, compile:
     return batch * cfg.seq_len * steps / (time.perf_counter() - t)
 
 
-def main() -> None:
+app = new_app()
+
+
+@app.command(help=__doc__)
+def main(steps: int = typer.Option(10),
+         depth: int | None = typer.Option(None, show_default="params.yaml model.depth"),
+         seq_len: int | None = typer.Option(None, show_default="params.yaml model.seq_len"),
+         batch: int | None = typer.Option(None, show_default="params.yaml pretrain.batch_size"),
+         vocab: int | None = typer.Option(None, show_default="params.yaml tokenizer.vocab_size"),
+         device: str = typer.Option("cuda" if torch.cuda.is_available() else "cpu"),
+         no_compile: bool = typer.Option(False, "--no-compile"),
+         no_eager: bool = typer.Option(False, "--no-eager", help="time the compiled step only"),
+         published_tflops: float = typer.Option(0.0, help="the device's published dense bf16 peak (default: the "
+                                                "spec-sheet figure of a known GPU)"),
+         dtypes: str = typer.Option("fp32,bf16", help="comma-separated step dtypes to time (bf16 is skipped where its "
+                                    "matmul peak is below fp32's)"),
+         optimizer: str | None = typer.Option(None, show_default="params.yaml pretrain.optimizer",
+                                              help="adamw | muon (params.yaml)")) -> None:
     params = yaml.safe_load(open("params.yaml"))
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--depth", type=int, default=params["model"]["depth"])
-    ap.add_argument("--seq-len", type=int, default=params["model"]["seq_len"])
-    ap.add_argument("--batch", type=int, default=params["pretrain"]["batch_size"])
-    ap.add_argument("--vocab", type=int, default=params["tokenizer"]["vocab_size"])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--no-eager", action="store_true", help="time the compiled step only")
-    ap.add_argument("--published-tflops", type=float, default=0.0,
-                    help="the device's published dense bf16 peak (default: the spec-sheet figure of a known GPU)")
-    ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated step dtypes to time (bf16 is skipped "
-                    "where its matmul peak is below fp32's)")
-    ap.add_argument("--optimizer", default=params["pretrain"]["optimizer"], help="adamw | muon (params.yaml)")
-    args = ap.parse_args()
-    cfg = GPTConfig(vocab_size=args.vocab, depth=args.depth, head_dim=params["model"]["head_dim"], seq_len=args.seq_len)
+    depth = params["model"]["depth"] if depth is None else depth
+    seq_len = params["model"]["seq_len"] if seq_len is None else seq_len
+    batch = params["pretrain"]["batch_size"] if batch is None else batch
+    vocab = params["tokenizer"]["vocab_size"] if vocab is None else vocab
+    optimizer = params["pretrain"]["optimizer"] if optimizer is None else optimizer
+    cfg = GPTConfig(vocab_size=vocab, depth=depth, head_dim=params["model"]["head_dim"], seq_len=seq_len)
     flops_per_token = GPT(cfg).estimate_flops()
-    print(f"device {args.device}, {torch.get_num_threads()} threads; depth {cfg.depth}, width {cfg.n_embd}, "
-          f"vocab {cfg.vocab_size}, batch {args.batch} x {cfg.seq_len}, {args.optimizer}; "
+    print(f"device {device}, {torch.get_num_threads()} threads; depth {cfg.depth}, width {cfg.n_embd}, "
+          f"vocab {cfg.vocab_size}, batch {batch} x {cfg.seq_len}, {optimizer}; "
           f"{flops_per_token / 1e6:.1f} MFLOP/token")
-    n = 8192 if args.device == "cuda" else 1024  # a GPU needs big products to reach its peak (1024^3: ~1/8 of it)
-    peaks = {"fp32": matmul_peak(torch.float32, args.device, n), "bf16": matmul_peak(torch.bfloat16, args.device, n)}
+    n = 8192 if device == "cuda" else 1024  # a GPU needs big products to reach its peak (1024^3: ~1/8 of it)
+    peaks = {"fp32": matmul_peak(torch.float32, device, n), "bf16": matmul_peak(torch.bfloat16, device, n)}
     for name, p in peaks.items():
         print(f"matmul peak {name}: {p / 1e9:,.1f} GFLOP/s (measured)")
-    published = published_peak(args.device, args.published_tflops)
+    published = published_peak(device, published_tflops)
     print(f"published dense bf16 peak: {published / 1e12:,.0f} TFLOP/s" if published else
           "published dense bf16 peak: none known for this device (--published-tflops to give one)")
     # without bf16 units (no AVX512-BF16/AMX) bf16 matmuls are emulated and far slower than fp32: skip them
-    dtypes = args.dtypes.split(",")
+    dtypes = dtypes.split(",")
     if "bf16" in dtypes and peaks["bf16"] <= peaks["fp32"]:
         dtypes.remove("bf16")
         print("bf16 step skipped: the bf16 matmul peak is below fp32 here, so the pipeline trains in fp32")
-    for compile in [c for c, off in ((False, args.no_eager), (True, args.no_compile)) if not off]:
+    for compile in [c for c, off in ((False, no_eager), (True, no_compile)) if not off]:
         for dtype in dtypes:
-            tps = step_throughput(cfg, args.batch, args.steps, dtype == "bf16", compile, args.device, args.optimizer)
+            tps = step_throughput(cfg, batch, steps, dtype == "bf16", compile, device, optimizer)
             flops = tps * flops_per_token
             print(f"{dtype} {'compiled' if compile else 'eager':8s}: {tps:8,.0f} tokens/s  "
                   f"{flops / 1e9:8,.1f} GFLOP/s  MFU {flops / peaks[dtype]:6.1%} (of the measured {dtype} peak)"
@@ -124,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    app()

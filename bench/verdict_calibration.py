@@ -7,15 +7,17 @@ of one run (64 prompts), the regime of reports/gpu where seeds flipped verdicts.
 
     python bench/verdict_calibration.py [--sims 2000]
 """
-import argparse
+import typer
+
+from speedrun.typer_app import new_app
 
 from speedrun.eval.simulate import METHODS, rejection_rate
 
+app = new_app()
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sims", type=int, default=2000)
-    args = ap.parse_args()
+
+@app.command(help=__doc__)
+def main(sims: int = typer.Option(2000)) -> None:
     settings = [("runs 3+3, effect 0, run_sd 0.15", dict(runs_a=3, runs_b=3, run_sd=0.15)),
                 ("runs 3+3, effect 0, run_sd 0.05", dict(runs_a=3, runs_b=3, run_sd=0.05)),
                 ("runs 3+3, effect 0, run_sd 0", dict(runs_a=3, runs_b=3, run_sd=0.0)),
@@ -25,13 +27,13 @@ def main() -> None:
                 ("runs 3+3, effect 0.5, run_sd 0.15", dict(runs_a=3, runs_b=3, run_sd=0.15, effect=0.5)),
                 ("runs 3+3, effect 0.3, run_sd 0.15", dict(runs_a=3, runs_b=3, run_sd=0.15, effect=0.3))]
     names = list(METHODS)
-    print(f"share of {args.sims} simulated evaluations whose 95% interval excludes 0 (64 prompts, noise_sd 1, "
+    print(f"share of {sims} simulated evaluations whose 95% interval excludes 0 (64 prompts, noise_sd 1, "
           "prompt_sd 1)")
     print(f"{'setting':36s}" + "".join(f"{n:>24s}" for n in names))
     for label, kw in settings:
-        rates = [rejection_rate(METHODS[n], args.sims, seed=1, **kw) for n in names]
+        rates = [rejection_rate(METHODS[n], sims, seed=1, **kw) for n in names]
         print(f"{label:36s}" + "".join(f"{r:>24.3f}" for r in rates))
 
 
 if __name__ == "__main__":
-    main()
+    app()

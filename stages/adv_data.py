@@ -13,6 +13,7 @@ READS = ("seed", "compute.device", "compute.dtype", "adversarial.cycles.{cycle}"
          "adversarial.temperature", "adversarial.data")
 PATHS = {"init_dir": None, "tokens_dir": "data/tokens", "tokenizer_dir": "outs/tokenizer",
          "out_dir": "data/adv/cycle_{cycle}"}
+IDS = {"cycle": str}  # run ids: the DVC foreach/matrix keys
 
 
 def main(p, io, cycle: str) -> None:
@@ -42,4 +43,4 @@ def main(p, io, cycle: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, __doc__, READS, PATHS, ids={"cycle": str})
+    run_stage(main, __doc__, READS, PATHS, IDS)

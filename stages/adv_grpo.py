@@ -18,14 +18,15 @@ from speedrun.shapes import use_shapes
 from speedrun.train.checkpoint import load_model, save_model
 
 READS = ("seed", "beta", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
-         "adversarial.cycles.{cycle}", "adversarial.seq_len", "adversarial.temperature", "adversarial.grpo")
+         "adversarial.cycles.{cycle}", "adversarial.seq_len", "adversarial.temperature", "adversarial.train")
 PATHS = {"init_dir": None, "disc_dir": "outs/adv/cycle_{cycle}/disc", "tokens_dir": "data/tokens",
          "tokenizer_dir": "outs/tokenizer", "out_dir": "outs/adv/cycle_{cycle}/policy"}
+IDS = {"cycle": str}  # run ids: the DVC foreach/matrix keys
 WALL_CLOCK = ["tokens_per_s", "sample_frac_time"]  # left out of log.csv: a rerun writes identical bytes
 
 
 def main(p, io, cycle: str) -> None:
-    a, c = p.adversarial, p.adversarial.grpo
+    a, c = p.adversarial, p.adversarial.train
     init_dir = io.init_dir or a.cycles[cycle].init
     device = pick_device(p.compute.device)
     use_shapes(p.compute.width_step, device)
@@ -68,4 +69,4 @@ def main(p, io, cycle: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, __doc__, READS, PATHS, ids={"cycle": str})
+    run_stage(main, __doc__, READS, PATHS, IDS)

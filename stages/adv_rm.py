@@ -10,6 +10,7 @@ from speedrun.stage import run_stage
 READS = ("seed", "compute.device", "compute.dtype", "adversarial.cycles.{cycle}", "adversarial.rm")
 PATHS = {"init_dir": None, "data_dir": "data/adv/cycle_{cycle}", "tokenizer_dir": "outs/tokenizer",
          "out_dir": "outs/adv/cycle_{cycle}/disc"}
+IDS = {"cycle": str}  # run ids: the DVC foreach/matrix keys
 
 
 def main(p, io, cycle: str) -> None:
@@ -25,4 +26,4 @@ def main(p, io, cycle: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, __doc__, READS, PATHS, ids={"cycle": str})
+    run_stage(main, __doc__, READS, PATHS, IDS)

@@ -165,8 +165,8 @@ def main(p, io) -> None:
     def sample(job: tuple) -> pd.DataFrame:  # one model's responses, or its gold-task answers
         kind, name = job
         if kind == "task":
-            return sample_task({name: models[name]}, tok, items, distractor_pool(all_items), c.task_samples,
-                               c.task_max_new_tokens, c.temperature, c.top_p, p.seed, dev)
+            return sample_task({name: models[name]}, tok, items, distractor_pool(all_items), c.gold.samples,
+                               c.gold.max_new_tokens, c.temperature, c.top_p, p.seed, dev)
         return sample_models({name: models[name]}, pairs_path=io.pairs, temperature=c.temperature, drawn=drawn,
                              **draw)
 
@@ -185,7 +185,7 @@ def main(p, io) -> None:
                       reward_keep=c.reward_keep, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,
                       tic=p.grpo.controls.tic, match_words=c.match_words)
 
-    task = compare_task(answers, variants, pairs_list, "sft", c.task_margin, c.n_boot, p.seed)
+    task = compare_task(answers, variants, pairs_list, "sft", c.gold.margin, c.n_boot, p.seed)
     task["copy_probe"] = copy_probe(embedder, *merged_tokens(tok), p.seed, dev)  # embedder: the SFT model
     sft_rows = samples[samples["model"] == "sft"].drop_duplicates("prompt_id")
     task["prompt_gain"] = prompt_gain_summary(sft_rows["prompt_gain"].tolist())

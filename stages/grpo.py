@@ -1,27 +1,25 @@
-"""One GRPO run of stage grpo (stages/runs.py runs every run of grpo.run x grpo.seeds, side by side), from the
-SFT model against the reward model. The arms (params.yaml grpo.variants, those of grpo.run trained) differ in how
-prompts are drawn (density-aware, uniform, group-balanced) and, for the controls, in what is rewarded (a planted tic,
-shuffled rewards, an entropy bonus); runs of an arm only in the training seed (grpo.seeds). A run takes about a minute
-on CPU and keeps no resume state: an interrupted run starts over."""
-import dataclasses
+"""Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model (side by side with the track's
+other stale runs on CPU: speedrun.runs). The arms (params.yaml grpo.variants, those of grpo.run trained) differ in
+how prompts are drawn (density-aware, uniform, group-balanced) and, for the controls, in what is rewarded (a planted
+tic, shuffled rewards, an entropy bonus); runs of an arm only in the training seed (grpo.seeds). A run takes about a
+minute on CPU and keeps no resume state: an interrupted run starts over."""
 
 import pandas as pd
 import torch
 
-from speedrun import tokenizer as tokenizer_lib
 from speedrun.engine import completion_texts
-from speedrun.common import pick_device, seed_everything, set_run_threads, stable_seed, use_bf16, write_json
+from speedrun.common import stable_seed
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.controls import dense_groups, plant_tic, shuffle_rewards
-from speedrun.rl.density import draw_prompts, effective_sample_size, group_shares, share_entropy
+from speedrun.rl.density import effective_sample_size, group_shares, share_entropy
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
 from speedrun.rl.rewards import score_samples
-from speedrun.rl.trainer import grpo_train, log_means, save_run
-from speedrun.shapes import use_shapes
+from speedrun.rl.trainer import grpo_train, log_means
+from speedrun.rl.run import PromptDraws, finish_run, start_run
 from speedrun.stage import run_stage
 from speedrun.train import distributed
-from speedrun.train.checkpoint import context_length, load_model
+from speedrun.train.checkpoint import load_model
 
 # not `seed` (the run's seed is its id) nor grpo.seeds: adding a seed leaves the other runs as they are
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
@@ -31,23 +29,14 @@ READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.de
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
          "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",
          "metrics": "reports/metrics/grpo/{variant}_s{seed}.json"}
+IDS = {"variant": str, "seed": int}  # run ids: the DVC foreach/matrix keys
 
 
 def main(p, io, variant: str, seed: int) -> None:
     arm = p.grpo.variants[variant]
     sampling = arm.sampling
-    distributed.maybe_relaunch(p.compute.nproc, "stages.grpo")
-    d = distributed.setup(pick_device(p.compute.device))
+    d, cfg, tok = start_run(p, io, p.grpo.train, "grpo.train", "stages.grpo", seed, arm.entropy_bonus)
     dev = d.device
-    set_run_threads(p.compute.run_threads, p.compute.nproc, dev)
-    use_shapes(p.compute.width_step, dev)
-    t = p.grpo.train
-    cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
-                              entropy_bonus=arm.entropy_bonus, decode=p.compute.decode,
-                              warm_up=dev.startswith("cuda"), max_prompt_len=context_length(
-                                  t.max_prompt_len, io.sft_dir, t.max_new_tokens, "grpo.train.max_prompt_len"))
-    seed_everything(seed)
-    tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)
     df, ids = pool_subset(df, ids, cfg.pool)
     policy, meta = load_model(io.sft_dir, dev, tok.digest)
@@ -57,27 +46,20 @@ def main(p, io, variant: str, seed: int) -> None:
     texts = [msgs[-1]["content"] for msgs in df["prompt"]]
     groups = df["group"].tolist()
     weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev, d)
-    draws = torch.zeros(len(ids), dtype=torch.long)
-    step_idx = torch.zeros(0, dtype=torch.long)  # the prompts of the step being scored
+    draw = PromptDraws(weights, cfg.prompts_per_step)
     dense = dense_groups(groups, p.grpo.controls.dense_modules)
     in_scope = torch.tensor([arm.tic_scope == "all" or g in dense for g in groups])
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
     tic_rows: list[float] = []
 
-    def draw(step: int, g: torch.Generator) -> torch.Tensor:
-        nonlocal step_idx
-        step_idx = draw_prompts(weights, cfg.prompts_per_step, g)
-        draws[step_idx] += 1
-        return step_idx
-
     def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
         r = score_samples(rm, batch, s, tok.bos_id, standardise=True)
         if arm.reward == "shuffled":  # (across processes: within each process's share)
             r = shuffle_rewards(r, shuffler)
-        eligible = in_scope[step_idx[distributed.rank_share(len(step_idx), d)]][s.prompt_index.cpu()]
+        eligible = in_scope[draw.step_idx[distributed.rank_share(len(draw.step_idx), d)]][s.prompt_index.cpu()]
         r, has = plant_tic(r, completion_texts(s, tok), p.grpo.controls.tic, arm.tic_bonus, eligible)
         n_tic = distributed.all_reduce_sum(has.double().sum().to(dev), d)  # over every process's completions
-        tic_rows.append(float(n_tic) / (len(step_idx) * cfg.group_size))
+        tic_rows.append(float(n_tic) / (len(draw.step_idx) * cfg.group_size))
         return r
 
     ess = effective_sample_size(weights)
@@ -93,6 +75,7 @@ def main(p, io, variant: str, seed: int) -> None:
         return
     log = pd.DataFrame(result.log)
     shares_w = group_shares(weights, groups)
+    draws = draw.counts
     shares_d = group_shares(draws.double() / draws.sum(), groups)
     m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log), "truncated": cfg.truncated,
          **log_means(log, start={"reward_start": ("reward_mean", 4), "tic_share_start": ("tic_share", 4)},
@@ -105,14 +88,11 @@ def main(p, io, variant: str, seed: int) -> None:
          "drawn_group_share_entropy": round(share_entropy(shares_d), 4),
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}
-    save_run(io.out_dir, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "variant": variant,
-                                  "sampling": sampling, "seed": seed, "steps": len(log), "beta": p.beta},
-             log, df, weights, draws)
-    write_json(io.metrics, m)
-    print(f"grpo {variant} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in {m['steps']} "
-          f"steps, {m['completion_tokens_per_s']:.0f} completion tok/s")
-    distributed.teardown()
+    finish_run(io, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "variant": variant, "sampling": sampling,
+                            "seed": seed, "steps": len(log), "beta": p.beta}, log, df, draw, m,
+               f"grpo {variant} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in "
+               f"{m['steps']} steps, {m['completion_tokens_per_s']:.0f} completion tok/s")
 
 
-if __name__ == "__main__":
-    run_stage(main, __doc__, READS, PATHS, ids={"variant": str, "seed": int})
+if __name__ == "__main__":  # one bare run (`speedrun <stage>` runs it beside the track's other stale runs)
+    run_stage(main, __doc__, READS, PATHS, IDS)

@@ -4,14 +4,20 @@ tracks the whole file, keys no stage reads included): every key known, typed and
 that cannot leave the workspace, and the checks across keys (speedrun.params). A failure stops DVC here, in about a
 second, naming the key; the output is the same text every time, so passing it reruns nothing downstream.
 -> outs/preflight.txt"""
+from speedrun import params as params_lib
 from speedrun.common import write_text
 from speedrun.stage import run_stage
 
-READS = ()  # dvc.yaml tracks all of params.yaml; run_stage has checked it by the time main runs
+# dvc.yaml tracks all of params.yaml, and run_stage has checked it by the time main runs; READS: the DAG's own checks
+READS = ("adversarial.cycles",)
 PATHS = {"out": "outs/preflight.txt"}
 
 
 def main(p, io) -> None:
+    try:
+        params_lib.dag_check(p, "params.yaml")
+    except params_lib.ParamsError as e:
+        raise SystemExit(f"error: {e}")
     write_text(io.out, "params.yaml checked: every key known, typed and in range; ids; cross-references\n")
 
 

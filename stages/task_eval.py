@@ -6,14 +6,18 @@ model's temperatures). Then: does an arm lie below the SFT model's temperature f
 Did the density arm move the cluster mix (the manipulation check)? Each task.eval.comparisons pair (density against
 uniform): Δ coverage beyond the frontier (and, with run temperatures, at equal pass@1 on each run's own curve;
 task.eval.primary is the one called), pass@1 non-inferiority, the MDE and the seeds it would need. With
-compute.nproc > 1 the models are shared over that many processes (torchrun), with the same output as one.
+compute.nproc > 1 the models are shared over that many processes (torchrun), with the same output as one. A killed
+evaluation's rerun reads the models it had finished back from scratch/task_eval (same settings and inputs only).
 -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
+import shutil
+
 import pandas as pd
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, read_json, write_json, write_parquet, write_text
+from speedrun.common import files_digest, pick_device, read_json, write_json, write_parquet, write_text
 from speedrun.data import task
 from speedrun.eval import semantic
+from speedrun.eval.sampling import resume_file
 from speedrun.eval.task_report import manipulation, report
 from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import frontier_gaps, pass_k_values, sample_answers, summary
@@ -27,7 +31,8 @@ READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "task.
 PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
          "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo",
          "rm_metrics": "reports/metrics/task_rm.json", "answers":
-         "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json", "report": "reports/task.md"}
+         "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json", "report": "reports/task.md",
+         "scratch_dir": "scratch/task_eval"}
 
 
 def main(p, io) -> None:
@@ -39,10 +44,20 @@ def main(p, io) -> None:
     items = [i for i in task.load_items(io.items) if i.split == "eval"]
     k_values = pass_k_values(c.samples)
 
+    # each finished model's answers kept in scratch until the stage ends: a killed evaluation does not sample it again
+    fingerprint = f"task_eval|{p.digest()}|{d.device}|{files_digest(io.items, io.tokenizer_dir)}"
+
     def answers(job: tuple) -> pd.DataFrame:
         name, ckpt, temperature = job
+        done = resume_file(io.scratch_dir, fingerprint, name, ckpt, temperature)
+        if done.exists():
+            print(f"task_eval: {name} at T={temperature:g} read back from {done} (answered before the last run "
+                  "stopped)", flush=True)
+            return pd.read_parquet(done)
         model, _ = load_model(ckpt, d.device, tok.digest)
-        return sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, d.device)
+        out = sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, d.device)
+        write_parquet(done, out)
+        return pd.read_parquet(done)  # as a rerun reads it back: the same frame, so the same output bytes
 
     arm_t = p.task.train.temperature
     run_ts = [arm_t] + sorted(set(c.run_temperatures) - {arm_t})  # the GRPO temperature first, then the others
@@ -88,6 +103,7 @@ def main(p, io) -> None:
     write_json(io.metrics, result)
     text = report(result)
     write_text(io.report, text)
+    shutil.rmtree(io.scratch_dir, ignore_errors=True)  # done: the next run samples afresh
     print(text)
 
 

@@ -1,30 +1,27 @@
-"""One GRPO run of stage task_grpo (stages/runs.py runs every run of task.run x task.seeds, side by side), from
-the task SFT model, on the task's train items. The arms (task.variants, those of task.run trained) differ in how items
-are drawn (density-aware from the prompt text, uniform, cluster-balanced) and what is paid: the checker (RLVR), the
-checker's rewards shuffled within each group (the negative control), or the reward model trained with the task pairs
-(the RLHF way; the checker is then the gold reward, never trained on). The log's gold_pass is the checker's share of
-right answers in each step."""
-import dataclasses
+"""Stage task_grpo@<arm>-<seed>: one GRPO run of the task track from the task SFT model, on the task's train items (side
+by side with the track's other stale runs on CPU: speedrun.runs). The arms (task.variants, those of task.run trained)
+differ in how items are drawn (density-aware from the prompt text, uniform, cluster-balanced) and what is paid: the
+checker (RLVR), the checker's rewards shuffled within each group (the negative control), or the reward model trained
+with the task pairs (the RLHF way; the checker is then the gold reward, never trained on). The log's gold_pass is the
+checker's share of right answers in each step."""
 
 import pandas as pd
 import torch
 
-from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import (pick_device, read_json, seed_everything, set_run_threads, stable_seed, use_bf16,
-                             write_json)
+from speedrun.common import (read_json, stable_seed)
 from speedrun.data import task
 from speedrun.engine import completion_texts
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.controls import shuffle_within_groups
-from speedrun.rl.density import draw_prompts, group_shares, neighbour_purity, word_embeddings
+from speedrun.rl.density import group_shares, neighbour_purity, word_embeddings
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
 from speedrun.rl.rewards import score_samples
-from speedrun.rl.trainer import grpo_train, log_means, save_run
-from speedrun.shapes import use_shapes
+from speedrun.rl.trainer import grpo_train, log_means
+from speedrun.rl.run import PromptDraws, finish_run, start_run
 from speedrun.stage import run_stage
 from speedrun.train import distributed
-from speedrun.train.checkpoint import context_length, load_model
+from speedrun.train.checkpoint import load_model
 
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "compute.run_threads",
@@ -32,6 +29,7 @@ READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.de
 PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/tokenizer",
          "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
          "metrics": "reports/metrics/task_grpo/{arm}_s{seed}.json"}
+IDS = {"arm": str, "seed": int}  # run ids: the DVC foreach/matrix keys
 
 
 def load_task_rm(rm_dir, device: str) -> RewardModel:
@@ -47,18 +45,8 @@ def load_task_rm(rm_dir, device: str) -> RewardModel:
 
 def main(p, io, arm: str, seed: int) -> None:
     v = p.task.variants[arm]
-    distributed.maybe_relaunch(p.compute.nproc, "stages.task_grpo")
-    d = distributed.setup(pick_device(p.compute.device))
+    d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, 0.0)
     dev = d.device
-    set_run_threads(p.compute.run_threads, p.compute.nproc, dev)
-    use_shapes(p.compute.width_step, dev)
-    t = p.task.train
-    cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, dev),
-                              entropy_bonus=0.0, decode=p.compute.decode, warm_up=dev.startswith("cuda"),
-                              max_prompt_len=context_length(t.max_prompt_len, io.sft_dir, t.max_new_tokens,
-                                                            "task.train.max_prompt_len"))
-    seed_everything(seed)
-    tok = tokenizer_lib.load(io.tokenizer_dir)
     df, ids = pool_subset(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), cfg.pool)
     by_id = {i.item_id: i for i in task.load_items(io.items)}
     items = [by_id[pid] for pid in df["prompt_id"]]
@@ -68,23 +56,16 @@ def main(p, io, arm: str, seed: int) -> None:
     texts = [i.prompt() for i in items]
     groups = [i.cluster for i in items]
     weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev, d)
-    draws = torch.zeros(len(ids), dtype=torch.long)
-    step_idx = torch.zeros(0, dtype=torch.long)
+    draw = PromptDraws(weights, cfg.prompts_per_step)
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
     gold_rows: list[float] = []  # the checker's share of right answers per step, whatever the arm is paid
 
-    def draw(step: int, g: torch.Generator) -> torch.Tensor:
-        nonlocal step_idx
-        step_idx = draw_prompts(weights, cfg.prompts_per_step, g)
-        draws[step_idx] += 1
-        return step_idx
-
     def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
-        mine = step_idx[distributed.rank_share(len(step_idx), d)][s.prompt_index.cpu()]
+        mine = draw.step_idx[distributed.rank_share(len(draw.step_idx), d)][s.prompt_index.cpu()]
         gold = torch.tensor([float(task.check(items[i], t) is not None)
                              for i, t in zip(mine.tolist(), completion_texts(s, tok))])
         n_right = distributed.all_reduce_sum(gold.double().sum().to(dev), d)
-        gold_rows.append(float(n_right) / (len(step_idx) * cfg.group_size))
+        gold_rows.append(float(n_right) / (len(draw.step_idx) * cfg.group_size))
         if rm is not None:
             return score_samples(rm, batch, s, tok.bos_id, standardise=True)
         return shuffle_within_groups(gold, cfg.group_size, shuffler) if v.reward == "shuffled" else gold
@@ -104,18 +85,16 @@ def main(p, io, arm: str, seed: int) -> None:
                      end={"reward_end": ("reward_mean", 4), "gold_pass_end": ("gold_pass", 4), "kl_end": ("kl", 5),
                           "completion_len_end": ("completion_len", 2)}),
          "cluster_share_weights": {g: round(x, 4) for g, x in group_shares(weights, groups).items()},
-         "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draws.double() / draws.sum(),
+         "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draw.counts.double() / draw.counts.sum(),
                                                                           groups).items()},
          "text_neighbour_purity": round(neighbour_purity(word_embeddings(texts), groups, p.task.density.k), 4),
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}
-    save_run(io.out_dir, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "arm": arm, "seed": seed,
-                                  "steps": len(log), "beta": p.beta}, log, df, weights, draws)
-    write_json(io.metrics, m)
-    print(f"task_grpo {arm} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f}, gold pass "
-          f"{m['gold_pass_start']:.3f} -> {m['gold_pass_end']:.3f} in {m['steps']} steps ({m['seconds']:.0f} s)")
-    distributed.teardown()
+    finish_run(io, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "arm": arm, "seed": seed,
+                            "steps": len(log), "beta": p.beta}, log, df, draw, m,
+               f"task_grpo {arm} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f}, gold pass "
+               f"{m['gold_pass_start']:.3f} -> {m['gold_pass_end']:.3f} in {m['steps']} steps ({m['seconds']:.0f} s)")
 
 
-if __name__ == "__main__":
-    run_stage(main, __doc__, READS, PATHS, ids={"arm": str, "seed": int})
+if __name__ == "__main__":  # one bare run (`speedrun <stage>` runs it beside the track's other stale runs)
+    run_stage(main, __doc__, READS, PATHS, IDS)

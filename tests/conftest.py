@@ -23,7 +23,7 @@ def set_params(repo: Path, overrides: dict) -> None:
 
 
 def committed(section: str, **changes):
-    """The committed params.yaml's config of `section` (e.g. "pretrain", "adversarial.grpo"), some fields changed:
+    """The committed params.yaml's config of `section` (e.g. "pretrain", "adversarial.train"), some fields changed:
     a test states only what it varies."""
     import dataclasses
     from speedrun import params
@@ -35,7 +35,7 @@ def grpo_config(section: str = "grpo.train", **changes):
     (no KL, no entropy bonus, seed 0, fp32, the dynamic decode, no warm-up; adversarial: temperature 1), then
     `changes`."""
     run = {"beta": 0.0, "entropy_bonus": 0.0, "seed": 0, "bf16": False, "decode": "dynamic", "warm_up": False}
-    if section == "adversarial.grpo":
+    if section == "adversarial.train":
         run |= {"temperature": 1.0}
     return committed(section, **{**run, **changes})
 

@@ -150,7 +150,7 @@ def test_grpo_reward_cuts_completions_at_n_tokens(split_windows):
     policy, ref = tiny_gpt(tok.vocab_size, 1), tiny_gpt(tok.vocab_size, 1)
     disc = Discriminator(tiny_gpt(tok.vocab_size, 1), "token").eval()
     prompts, _ = adv.prompt_pool(wins["train"], 8, 0, "grpo")
-    cfg = grpo_config("adversarial.grpo", steps=2, prompts_per_step=2, group_size=3, max_new_tokens=N - 1, lr=1e-3,
+    cfg = grpo_config("adversarial.train", steps=2, prompts_per_step=2, group_size=3, max_new_tokens=N - 1, lr=1e-3,
                     beta=0.04, warmup_steps=5, reward_threshold=float("inf"), patience=0)
     result = grpo_train(policy, ref, prompts, lambda step, g: torch.arange(2) + 2 * step, grpo_reward_fn(disc, N),
                         cfg, "cpu", stop_id=None, pad_id=tok.bos_id)
@@ -177,8 +177,8 @@ def test_stages_end_to_end_and_deterministic(tiny_corpus, tmp_path):
                "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "-S", "adversarial.rm.steps=20",
                "-S", "adversarial.rm.eval_every=10", "--out-dir", str(adv_dir / "disc"), *common[4:])
     run_module("stages.adv_grpo", "--cycle", "1", "--disc-dir", str(adv_dir / "disc"),
-               "-S", "adversarial.grpo.prompts=16", "-S", "adversarial.grpo.steps=2",
-               "-S", "adversarial.grpo.prompts_per_step=2", "-S", "adversarial.grpo.group_size=2",
+               "-S", "adversarial.train.prompts=16", "-S", "adversarial.train.steps=2",
+               "-S", "adversarial.train.prompts_per_step=2", "-S", "adversarial.train.group_size=2",
                "--out-dir", str(adv_dir / "policy"), *common)
     run_module("stages.adv_eval", "--adv-dir", str(tmp_path / "adv"), "-S", "adversarial.eval.prompts=8",
                "-S", f"model.seq_len={N}", "-S", "adversarial.eval.bpb_windows=8",

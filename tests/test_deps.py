@@ -59,9 +59,10 @@ def stage_specs() -> dict[str, dict]:
 
 
 def stage_modules(spec: dict) -> list[str]:
-    """The stage modules a cmd runs: its own, and for a track's GRPO stage (stages.runs) the runs' module too."""
-    words = " ".join(spec["cmd"].split()).split("python -m ")[1].split()
-    return [words[0], f"stages.{words[1]}"] if words[0] == "stages.runs" else [words[0]]
+    """The modules a cmd (`speedrun <stage> ...`) runs: the command line's, a track's runner, and the stage's own."""
+    stage = spec["cmd"].split()[1]
+    return ["speedrun.cli", "speedrun.stage", *(["speedrun.runs"] if stage in ("grpo", "task_grpo") else []),
+            f"stages.{stage}"]
 
 
 def test_every_stage_declares_the_code_it_imports():

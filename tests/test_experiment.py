@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from speedrun import experiment
+from speedrun.eval import replot as replot_cli
 from speedrun.eval.replot import replot, result_from_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,19 @@ def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
     assert (folder / "README.md").read_text() == readme
 
 
-def test_replot_draws_a_chat_experiment_from_its_metrics(tmp_path):
+def test_keep_command_line_checks_the_track_and_the_plan(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        experiment.main(["x", "--track", "nope"])
+    assert e.value.code == 2 and "'nope' is not one of 'chat', 'task'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        experiment.main(["x"])
+    assert e.value.code == 2 and "Missing option '--track'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="README.md: no such file"):
+        experiment.main(["x", "--track", "chat"])
+
+
+def test_replot_draws_a_chat_experiment_from_its_metrics(tmp_path, capsys):
     runs = {f"grpo_{v}_s{s}": {"reward": 0.1 * s + (v == "density"), "distinct_2": 0.5 + 0.01 * s}
             for v in ("baseline", "density") for s in (1, 2)}
     flat = runs | {"sft": {"reward": 0.0, "distinct_2": 0.6}, "density_vs_baseline": {
@@ -76,6 +89,11 @@ def test_replot_draws_a_chat_experiment_from_its_metrics(tmp_path):
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics/diversity.json").write_text(json.dumps(flat))
     assert [p.name for p in replot(tmp_path)] == ["metrics.png", "forest_density_vs_baseline.png", "scatter.png"]
+    replot_cli.main([str(tmp_path), str(tmp_path)])  # several folders; a success returns: no SystemExit(0)
+    assert capsys.readouterr().out.split("\n").count(str(tmp_path / "figures/scatter.png")) == 2
+    with pytest.raises(SystemExit) as e:
+        replot_cli.main([])
+    assert e.value.code == 2 and "Missing argument 'FOLDER'" in capsys.readouterr().err
 
 
 def test_committed_experiments_hold_no_figure_or_params_copy():

@@ -55,6 +55,22 @@ def test_chat_family_lists_each_experiments_own_call(tmp_path):
     assert "ead_1 +0.020 [+0.010, +0.030]" in row and row.endswith("ead_1 diversity-raising |")
 
 
+def test_command_line_prints_or_writes_the_tables(tmp_path, monkeypatch, capsys):
+    root = tmp_path / families.ROOT
+    write_task(root, "first", {"density:checker": 0.01})
+    (root / "families.yaml").write_text("task:\n  kind: task\n  correction: holm\n  about: x\n  members:\n"
+                                        "    - {experiment: first, comparison: 'density:checker'}\n")
+    (root / "README.md").write_text(f"# index\n\n{families.START}\nold\n{families.END}\n\nrest\n")
+    monkeypatch.chdir(tmp_path)
+    families.main([])  # a success returns: no SystemExit(0)
+    assert capsys.readouterr().out == families.render(root) + "\n"
+    families.main(["--write"])
+    assert (root / "README.md").read_text() == f"# index\n\n{families.render(root)}\n\nrest\n"
+    with pytest.raises(SystemExit) as e:
+        families.main(["--write", "extra"])
+    assert e.value.code == 2 and "Got unexpected extra argument" in capsys.readouterr().err
+
+
 def test_committed_index_matches_the_command():
     readme = (REPO / "reports/experiments/README.md").read_text()
     if families.START not in readme:

@@ -55,3 +55,16 @@ def test_command_writes_the_figure_and_table(tmp_path, capsys):
     show.write_text(json.dumps(SHOW))
     with pytest.raises(SystemExit, match="'nope'"):
         frontier.main(show_json=show, metric="nope", sweep="beta", out=tmp_path / "g.png", table_out=None)
+
+
+def test_command_line_returns_in_process_and_reports_usage_errors(tmp_path, capsys):
+    show = tmp_path / "exps.json"
+    show.write_text(json.dumps(SHOW))
+    frontier.cli(["--show-json", str(show), "--sweep", "beta", "--out", str(tmp_path / "f.png"),
+                  "--table-out", str(tmp_path / "f.md")])  # a success returns: no SystemExit(0)
+    assert "| beta-0.1 | 0.1 | density |" in capsys.readouterr().out and (tmp_path / "f.md").exists()
+    frontier.cli(["-h"])
+    assert "--table-out FILE" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        frontier.cli(["--show-json", str(show), "--bogus"])
+    assert e.value.code == 2 and "No such option: --bogus" in capsys.readouterr().err

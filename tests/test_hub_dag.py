@@ -74,6 +74,8 @@ def test_documented_node_command_runs_on_hub_mirrors(tmp_path):
         "pairs.hh_path": str(hub / "hh"), "pairs.uf_path": str(hub / "uf"), "pairs.se_path": str(hub / "se"),
         "task.hf_path": str(hub / "gsm8k"),
         "sft.max_rows": 64, "sft.eval_convs": 8, "prompts.eval_frac": 0.2})
+    preview = dvc(repo, "exp", "run", "--dry", "--force", *args)  # the documented preview: every stage, nothing run
+    assert "Running stage 'task_grpo@density-1'" in preview and not (repo / "data/corpus").exists()
     dvc(repo, "exp", "run", *args)
 
     corpus = json.loads((repo / "data/corpus/stats.json").read_text())

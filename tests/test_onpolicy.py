@@ -166,7 +166,7 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
     proc = subprocess.run([sys.executable, "-m", "stages.adv_grpo", "--cycle", "1", "--init-dir", str(root / "sft"),
                            "--disc-dir", str(tmp_path / "disc0"), "--tokens-dir", str(tiny_corpus / "tokens"),
                            "--tokenizer-dir", str(tiny_corpus / "tokenizer"), "-S", "adversarial.seq_len=16",
-                           "-S", "adversarial.grpo.steps=1", "--out-dir", str(tmp_path / "adv")], cwd=REPO,
+                           "-S", "adversarial.train.steps=1", "--out-dir", str(tmp_path / "adv")], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and "disc0" in proc.stderr
     with pytest.raises(ValueError, match="rewards have std 0.0"):

@@ -21,13 +21,10 @@ IDS = {"variant": "${item.variant}", "arm": "${item.arm}", "seed": "${item.seed}
 
 
 def module_of(stage: dict) -> str:
-    return re.search(r"python -m stages\.(\w+)", stage.get("do", stage)["cmd"]).group(1)
+    return re.search(r"^speedrun (\w+)", stage.get("do", stage)["cmd"]).group(1)
 
 
 def reads_of(stage: dict) -> list[str]:
-    """The keys a stage reads; a track's GRPO stage (stages.runs) reads its runs' keys for every variant."""
-    if module_of(stage) == "runs":
-        return importlib.import_module("stages.runs").dag_reads(stage["cmd"].split()[-1])
     return [r.format(**IDS) for r in importlib.import_module(f"stages.{module_of(stage)}").READS]
 
 
@@ -36,17 +33,17 @@ def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
     stage = STAGES[name].get("do", STAGES[name])
     reads = reads_of(STAGES[name])
     if name == "preflight":  # the one stage that tracks the whole file, keys no stage reads included
-        assert stage["params"] == [{"params.yaml": None}] and reads == []
+        assert stage["params"] == [{"params.yaml": None}] and reads == ["adversarial.cycles"]  # the DAG's checks
         return
     assert sorted(stage["params"]) == sorted(reads)
 
 
 def test_no_knob_on_a_command_line():
-    """A cmd is `python -m stages.<name>` plus the run's ids: every knob reaches the stage through params.yaml."""
+    """A cmd is `speedrun <name>` plus the run's ids: every knob reaches the stage through params.yaml."""
     for name, spec in STAGES.items():
         cmd = " ".join(spec.get("do", spec)["cmd"].split())
-        assert re.fullmatch(r"python -m stages\.(runs (grpo|task_grpo)|\w+( --(variant|arm|seed|cycle) \$\{[\w.]+\})*)",
-                            cmd), (name, cmd)
+        assert re.fullmatch(r"speedrun (\w+)( --(variant|arm|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
+        assert module_of(spec) == name, (name, cmd)
 
 
 def test_every_key_is_read_by_some_stage():
@@ -160,7 +157,7 @@ def test_help_lists_every_key_the_stage_reads_with_its_value():
     for key in ("beta = 0.04", "grpo.train.top_k = 0", "grpo.train.max_prompt_len = 0", "grpo.density.k = 50",
                 "compute.dtype = 'auto'"):
         assert key in out, key
-    assert "-S KEY=VALUE" in out
+    assert "-S, --set KEY=VALUE" in out and "[grpo.density]" in out  # keys grouped by section
 
 
 # knobs that once had their only default in code: each is now in params.yaml and in its stage's dvc.yaml params:,
@@ -179,3 +176,48 @@ def test_formerly_hidden_knobs_are_tracked(stage):
     for key in HIDDEN[stage]:
         params.value_at(p, key)  # in params.yaml
         assert any(key == d or key.startswith(d + ".") for d in declared), (stage, key)
+
+
+def test_yaml_anchors_and_aliases_are_refused_at_load(tmp_path):
+    """An alias can expand a few lines into gigabytes: refused before anything is built, naming the line."""
+    text = (REPO / "params.yaml").read_text().replace("\nbeta: 0.04", "\nbeta: &b 0.04\nbetb: *b", 1)
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(params.ParamsError, match=r"params.yaml: line \d+: YAML anchors and aliases are refused"):
+        params.load(tmp_path / "params.yaml")
+    with pytest.raises(params.ParamsError, match="anchors and aliases are refused"):
+        params.load(REPO / "params.yaml", ["grpo.seeds=[&a 1, *a]"])
+
+
+@pytest.mark.parametrize("override", ["grpo.train.lr=" + "9" * 100_000, "task.run=[" + "x" * 100_000 + "]",
+                                      "grpo.train." + "k" * 100_000 + "=1", "pairs.only=" + "a," * 50_000])
+def test_an_error_about_a_huge_value_stays_short(override):
+    with pytest.raises(params.ParamsError) as e:
+        params.load(REPO / "params.yaml", [override])
+    assert len(str(e.value)) < 1000, len(str(e.value))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.primary=[ead_1_firts]", "eval.primary[0]: expected one of distinct_1"),
+    ("rm.train_kinds=[sft_sampel]", "rm.train_kinds[0]: expected one of sft_sample, hard, random"),
+    ("task.rm.train_kinds=[tsk]", "task.rm.train_kinds[0]: expected one of"),
+])
+def test_names_of_metrics_and_pair_kinds_are_checked_at_load(override, message):
+    with pytest.raises(params.ParamsError, match=re.escape(message)):
+        params.load(REPO / "params.yaml", [override])
+
+
+def test_the_primary_names_are_the_evaluations_metrics():
+    import typing
+    from speedrun.config import DiversityMetric
+    from speedrun.eval.compare import METRIC_BY_NAME
+    assert set(typing.get_args(DiversityMetric)) <= set(METRIC_BY_NAME)
+
+
+@pytest.mark.parametrize("init", ["/etc", "../elsewhere", "outs/../../x"])
+def test_preflight_refuses_an_init_outside_the_workspace(tmp_path, init):
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    res = subprocess.run([sys.executable, "-m", "speedrun", "preflight", "-S", f"adversarial.cycles.1.init={init}",
+                          "--out", str(tmp_path / "pf.txt")], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'src'}"})
+    assert res.returncode != 0 and "adversarial.cycles.1.init" in res.stderr and "inside the workspace" in res.stderr
+    assert not (tmp_path / "pf.txt").exists()

@@ -13,6 +13,8 @@ import yaml
 
 from conftest import dvc, git, make_pipeline_repo, run_module, set_params
 
+GRPO_RUNS = [f"grpo@{v}-{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)]
+TASK_RUNS = [f"task_grpo@{a}-{s}" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)]
 MICRO = {"corpus.max_docs": 600, "tokenizer.vocab_size": 512}
 
 MICRO_DAG = {
@@ -33,7 +35,7 @@ MICRO_DAG = {
     "grpo.run": ["density", "baseline", "tic_2"],
     "eval.comparisons": ["density:baseline", "tic_2:baseline"],  # a control
     "eval.control_temperatures": [0.05, 5.0],  # extreme: a micro model must still order them
-    "eval.task_samples": 2, "eval.task_max_new_tokens": 6,
+    "eval.gold.samples": 2, "eval.gold.max_new_tokens": 6,
     "sft.gold_per_item": 1, "prompts.eval_frac": 0.3,  # 0.3: the 300 embedded pairs hold a few eval modules
     "task.sft.steps": 4, "task.sft.batch_size": 4, "task.sft.eval_every": 2, "task.sft.eval_convs": 8,
     "task.sft.per_item": 1, "task.sft.warmup_steps": 1, "task.rm.steps": 4, "task.rm.batch_size": 4,
@@ -43,8 +45,8 @@ MICRO_DAG = {
     "task.eval.run_temperatures": [1.0, 1.5], "task.eval.primary": "matched",  # the stage's matched path
     "adversarial.seq_len": 16, "adversarial.data.train_rows": 16, "adversarial.data.val_rows": 8,
     "adversarial.data.val_pure_rows": 4, "adversarial.data.batch_size": 16, "adversarial.rm.steps": 4,
-    "adversarial.rm.batch_size": 4, "adversarial.rm.eval_every": 2, "adversarial.grpo.prompts": 8,
-    "adversarial.grpo.steps": 2, "adversarial.grpo.prompts_per_step": 2, "adversarial.grpo.group_size": 2,
+    "adversarial.rm.batch_size": 4, "adversarial.rm.eval_every": 2, "adversarial.train.prompts": 8,
+    "adversarial.train.steps": 2, "adversarial.train.prompts_per_step": 2, "adversarial.train.group_size": 2,
     "adversarial.eval.prompts": 4, "adversarial.eval.bpb_windows": 4,
 }
 
@@ -125,15 +127,17 @@ def _first_repro(repo: Path) -> None:
     out = dvc(repo, "repro")
     stages = ran(out)
     for s in ["corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
-              "grpo", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1", "adv_eval", "task_data", "task_sft",
-              "task_grpo", "task_rm", "task_eval"]:
+              *GRPO_RUNS, "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1", "adv_data@2", "adv_rm@2",
+              "adv_grpo@2", "adv_eval", "task_data", "task_sft", *TASK_RUNS, "task_rm", "task_eval"]:
         assert s in stages, (s, sorted(stages))
-    # every run of a track, two at a time on the 2-core machine, one thread each
+    # one DVC stage per run; the track's first stage trains every run, two at a time on the 2-core machine, one
+    # thread each, and the others install theirs from that batch
     assert {f"grpo/{v}_s{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)} == {
         f"grpo/{r.name}" for r in (repo / "outs/grpo").iterdir()}
     assert {f.name for f in (repo / "reports/metrics/task_grpo").iterdir()} == {
         f"{a}_s{s}.json" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)}
-    assert "task_grpo: 8 runs on cpu" in out and "--- [8/8] " in out
+    assert "task_grpo: training checker_s1, checker_s2, density_s1" in out and "--- [8/8] " in out
+    assert out.count("was trained beside an earlier run of the track; installing it") == 7 + 5
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
     assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik", "tic_share"}
@@ -166,6 +170,15 @@ def _first_repro(repo: Path) -> None:
     assert adversarial
     assert ran(dvc(repo, "repro")) == set()
     assert dvc(repo, "status").strip() == "Data and pipelines are up to date."
+    # a dry run in a finished workspace lists what a change would rerun, and runs nothing (`dvc exp run --dry` runs
+    # in a temporary copy without the outputs and fails there: treeverse/dvc#9818; the README says so)
+    assert ran(dvc(repo, "repro", "--dry")) == set()
+    params_text = (repo / "params.yaml").read_text()
+    set_params(repo, {"grpo.variants.density.sampling": "uniform"})
+    dry = dvc(repo, "repro", "--dry")
+    assert ran(dry) == {"preflight", "grpo@density-1", "grpo@density-2", "eval_diversity"}, ran(dry)
+    (repo / "params.yaml").write_text(params_text)
+    assert dvc(repo, "status").strip() == "Data and pipelines are up to date."
     # every declared per-step curve renders from the run's own logs
     plots = json.loads(dvc(repo, "plots", "show", "--json"))["data"]
     declared = [next(iter(p)) for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
@@ -173,6 +186,19 @@ def _first_repro(repo: Path) -> None:
     for name, rendered in plots.items():
         assert [r["type"] for r in rendered] == ["vega"] and not rendered[0].get("errors"), name
         assert rendered[0]["content"]["data"]["values"], name
+
+
+def test_a_fresh_clone_previews_the_whole_run(tmp_path):
+    """On a fresh clone (no outputs, no cache) `dvc status` works and the dry run lists every stage. DVC's
+    `repro --dry` hashes a stage's missing deps for its run cache and fails on them (treeverse/dvc#9818), so a
+    fresh clone previews with --force (everything runs there anyway); a finished workspace with plain --dry (the
+    end-to-end test). outs/preflight.txt is git-tracked so the first stage's deps exist."""
+    repo = make_pipeline_repo(tmp_path, MICRO)
+    assert "changed" in dvc(repo, "status") or "deleted" in dvc(repo, "status")
+    for cmd in (["repro", "--dry", "--force"], ["exp", "run", "--dry", "--force", "-S", "beta=0.1"]):
+        stages = ran(dvc(repo, *cmd))
+        assert {"preflight", "corpus", "grpo@density-1", "task_grpo@checker-1", "adv_grpo@2", "task_eval"} <= stages
+    assert not (repo / "data/corpus").exists() and not (repo / "outs/pretrain").exists()  # nothing ran
 
 
 def _reruns_are_byte_identical(repo: Path) -> None:
@@ -184,8 +210,9 @@ def _reruns_are_byte_identical(repo: Path) -> None:
                  "data/adv/cycle_1/train.parquet", "outs/adv/cycle_1/disc/model.pt", "outs/adv/cycle_1/policy/model.pt"]
     digest = lambda: {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in artifacts}  # noqa: E731
     first = digest()
-    forced = ["pretrain", "sft", "task_sft", "task_grpo", "task_eval", "onpolicy_pairs", "train_rm", "grpo",
-              "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1"]
+    # the GRPO runs compared below, each rerun alone (in its stage's process) against the batch that trained it
+    forced = ["pretrain", "sft", "task_sft", "task_grpo@density-1", "task_eval", "onpolicy_pairs", "train_rm",
+              "grpo@density-1", "grpo@baseline-2", "eval_diversity", "adv_data@1", "adv_rm@1", "adv_grpo@1"]
     assert ran(dvc(repo, "repro", "-f", "-s", *forced)) == set(forced)  # -s: these stages only, not downstream
     assert digest() == first
     # a run by hand, alone, is the same bytes as the DAG's run beside another: compute.run_threads fixes its threads
@@ -193,6 +220,29 @@ def _reruns_are_byte_identical(repo: Path) -> None:
                "--metrics", str(repo / "scratch/alone.json"), cwd=repo, env={"OMP_NUM_THREADS": "2"})
     for name in ("model.pt", "log.csv"):
         assert (repo / "scratch/alone" / name).read_bytes() == (repo / "outs/task_grpo/density_s1" / name).read_bytes()
+
+
+def _task_eval_resumes_byte_identical(repo: Path, elsewhere: Path) -> None:
+    """task_eval killed after its first models reads them back on the rerun: the DAG's bytes, answers and metrics."""
+    outs = {"answers": "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json",
+            "report": "reports/task.md"}
+    flags = [a for k, v in outs.items() for a in (f"--{k}", str(elsewhere / Path(v).name))]
+    scratch = elsewhere / "scratch"
+    cmd = [sys.executable, "-m", "stages.task_eval", *flags, "--scratch-dir", str(scratch)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while proc.poll() is None and len(list(scratch.glob("*.parquet"))) < 2:
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    kept = len(list(scratch.glob("*.parquet")))
+    assert kept >= 2 and not (elsewhere / "task.json").exists(), kept  # killed half way
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("read back from") == kept, res.stdout[-3000:]  # atomic writes: every kept model
+    for k, v in outs.items():
+        assert (elsewhere / Path(v).name).read_bytes() == (repo / v).read_bytes(), v
+    assert not scratch.exists()  # done: the next run samples afresh
 
 
 def _two_processes_match_one(repo: Path, elsewhere: Path) -> None:
@@ -239,7 +289,7 @@ def _queued_experiment_and_frontier(repo: Path) -> None:
         time.sleep(1)
     assert "Failed" not in status, status
     stages = ran(dvc(repo, "queue", "logs", "lr-2e-4"))
-    assert stages == {"preflight", "grpo", "eval_diversity"}, stages  # the rest from the cache
+    assert stages == {"preflight", *GRPO_RUNS, "eval_diversity"}, stages  # the rest from the cache
     diff = dvc(repo, "exp", "diff", "HEAD", "lr-2e-4")
     assert "grpo.train.lr" in diff and "reports/metrics/grpo/" in diff  # (micro diversity metrics may not move)
     assert "reports/metrics/grpo/" in dvc(repo, "metrics", "diff", "HEAD", "lr-2e-4")
@@ -258,14 +308,20 @@ def _queued_experiment_and_frontier(repo: Path) -> None:
 def _additions_rerun_only_their_stages(repo: Path) -> None:
     """A cycle, a seed or a knob reruns only what reads it; a failed evaluation keeps the last report."""
     # one more adversarial cycle runs that cycle and the adversarial evaluation, nothing else
-    set_params(repo, {"adversarial.cycles.2": {"prev": 1, "init": "outs/adv/cycle_1/policy"}})
-    assert ran(dvc(repo, "repro")) == {"preflight", "adv_data@2", "adv_rm@2", "adv_grpo@2", "adv_eval"}
-    assert set(json.loads((repo / "reports/metrics/adversarial.json").read_text())["cycles"]) == {"1", "2"}
+    set_params(repo, {"adversarial.cycles.3": {"prev": 2, "init": "outs/adv/cycle_2/policy"}})
+    assert ran(dvc(repo, "repro")) == {"preflight", "adv_data@3", "adv_rm@3", "adv_grpo@3", "adv_eval"}
+    assert set(json.loads((repo / "reports/metrics/adversarial.json").read_text())["cycles"]) == {"1", "2", "3"}
 
-    # one more training seed reruns the chat track's runs (one stage: DVC runs one stage at a time), not the task's
+    # one more training seed trains only that seed's runs (side by side, in the first one's stage)
     set_params(repo, {"grpo.seeds": [1, 2, 3]})
-    assert ran(dvc(repo, "repro")) == {"preflight", "grpo", "eval_diversity"}
+    out = dvc(repo, "repro")
+    assert ran(out) == {"preflight", "grpo@density-3", "grpo@baseline-3", "grpo@tic_2-3", "eval_diversity"}
+    assert "grpo: training density_s3, baseline_s3, tic_2_s3 on cpu" in out and "--- [3/3] " in out
     assert "(3 vs 3 GRPO training seeds)" in (repo / "reports/report.md").read_text()
+    # an experiment that changes one arm's settings retrains that arm's runs only
+    out = dvc(repo, "exp", "run", "-S", "grpo.variants.tic_2.tic_bonus=1.0")
+    assert ran(out) == {"preflight", "grpo@tic_2-1", "grpo@tic_2-2", "grpo@tic_2-3", "eval_diversity"}, ran(out)
+    assert "grpo: training tic_2_s1, tic_2_s2, tic_2_s3 on cpu" in out
 
     # a knob that once had its default in code reaches its stage through `dvc exp run -S`, and only that stage
     assert ran(dvc(repo, "exp", "run", "-S", "eval.max_prompt_len=32")) == {"preflight", "eval_diversity"}
@@ -304,6 +360,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
     _first_repro(repo)
     _reruns_are_byte_identical(repo)
+    _task_eval_resumes_byte_identical(repo, tmp_path_factory.mktemp("task_eval_killed"))
     _two_processes_match_one(repo, tmp_path_factory.mktemp("grpo_two_processes"))  # outside the repo (tmp_path)
     _queued_experiment_and_frontier(repo)
     _additions_rerun_only_their_stages(repo)

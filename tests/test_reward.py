@@ -201,7 +201,8 @@ def rm_inputs(tiny_corpus, tmp_path_factory):
 
 
 def rm_args(tiny_corpus, root, out, *extra, more_pairs=()):
-    return ["--pairs", str(root / "pairs.parquet"), *map(str, more_pairs), "--init-dir", str(root / "sft"),
+    return ["--pairs", str(root / "pairs.parquet"), *(a for f in more_pairs for a in ("--pairs", str(f))),
+            "--init-dir", str(root / "sft"),
             "--tokenizer-dir", str(tiny_corpus / "tokenizer"), *sets("rm.max_len=96", "rm.steps=6", "rm.batch_size=8",
                                                   "rm.warmup_steps=2", "rm.eval_every=3", "rm.eval_pairs=24",
                                                   "rm.train_last_blocks=1", "rm.lr=0.01", "rm.train_kinds=[all]"),

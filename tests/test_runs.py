@@ -1,15 +1,19 @@
-"""stages.runs: a track's GRPO runs side by side on CPU, in turn elsewhere; a failed run stops the stage, named.
-(The runs' bytes against a run by hand: the end-to-end test.)"""
+"""speedrun.runs: a track's GRPO runs are one DVC stage each, trained side by side on CPU by the first stale one and
+installed from scratch by the others; a failed run stops the stage, named; no run outlives its runner, however it dies.
+(A new seed trains only its runs, and the runs' bytes against a run by hand: the end-to-end test.)"""
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import REPO
-from speedrun import common, params
-from stages import runs
+from speedrun import common, params, runs
 
 
 def test_runs_go_side_by_side_only_on_cpu_in_one_process_each(monkeypatch):
@@ -26,36 +30,107 @@ def test_the_run_list_is_the_tracks_arms_by_seeds():
     assert runs.run_list(p, "grpo") == [(v, s) for v in p.grpo.run for s in p.grpo.seeds]
 
 
+def test_a_runs_key_moves_with_its_own_settings_and_deps_only(tmp_path, monkeypatch):
+    """The key hashes what the run reads: its arm's settings and the shared ones, not another arm's nor the seed
+    list (adding a seed leaves every other run's key, so its result, as it was)."""
+    import importlib
+    mod = importlib.import_module("stages.task_grpo")
+    monkeypatch.chdir(tmp_path)  # no dvc.yaml: the run's input files and the code
+    for name in ("task_sft", "task_rm", "tokenizer"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.pt").write_bytes(name.encode())
+    io = SimpleNamespace(sft_dir=tmp_path / "task_sft", rm_dir=tmp_path / "task_rm",
+                         tokenizer_dir=tmp_path / "tokenizer", items=tmp_path / "task_sft/model.pt",
+                         out_dir=tmp_path / "o", metrics=tmp_path / "m.json")
+    key = lambda *s, ids={"arm": "checker", "seed": 1}: runs.run_key(  # noqa: E731
+        mod, params.load(REPO / "params.yaml", list(s)), ids, io)
+    io.items = tmp_path / "task_sft/model.pt"
+    base = key()
+    assert key("task.seeds=[1, 2, 3]") == base and key("task.variants.density.sampling=uniform") == base
+    assert key("task.train.lr=0.001") != base and key("beta=0.5") != base
+    assert key(ids={"arm": "checker", "seed": 2}) != base
+    (tmp_path / "task_rm/model.pt").write_bytes(b"another reward model")
+    assert key() != base
+    # in a DVC workspace, the deps dvc.yaml declares for the stage: what DVC itself reruns a run for
+    (tmp_path / "dvc.yaml").write_text("stages:\n  task_grpo:\n    deps: [task_sft/model.pt]\n")
+    base = key()
+    (tmp_path / "task_rm/model.pt").write_bytes(b"an input dvc.yaml does not list")
+    assert key() == base
+    (tmp_path / "task_sft/model.pt").write_bytes(b"another SFT model")
+    assert key() != base
+
+
+def test_a_sibling_is_trained_only_when_certainly_stale(tmp_path):
+    io = SimpleNamespace(out_dir=tmp_path / "outs/task_grpo/checker_s1", metrics=tmp_path / "checker_s1.json")
+    assert runs.certainly_stale("k1", io)  # no output: stale
+    io.out_dir.mkdir(parents=True)
+    assert runs.certainly_stale("k1", io)  # no metrics: stale
+    common.write_json(io.metrics, {"steps": 2})
+    assert not runs.certainly_stale("k1", io)  # metrics no batch stamped (a run by hand): left to its own stage
+    common.write_json(io.metrics, {"steps": 2, "run_key": "k0"})
+    assert runs.certainly_stale("k1", io) and not runs.certainly_stale("k0", io)
+
+
 def test_a_failed_run_stops_the_stage_naming_it_and_its_command(tmp_path):
     """No task SFT model here: the run fails; the stage exits non-zero with the run's output and the command that
     reruns it alone, -S overrides included."""
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    res = subprocess.run([sys.executable, "-m", "stages.runs", "task_grpo", "-S", "task.run=[checker,density]",
-                          "-S", "task.seeds=[7]"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{REPO / 'src'}"})
+    res = subprocess.run([sys.executable, "-m", "speedrun", "task_grpo", "--arm", "checker", "--seed", "7",
+                          "-S", "task.run=[checker,density]", "-S", "task.seeds=[7]"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{REPO / 'src'}", "DVC_STAGE": "t"})
     assert res.returncode != 0
-    assert "task_grpo: 2 runs on cpu" in res.stdout and "No such file or directory" in res.stdout, res.stdout
+    assert "task_grpo: training checker_s7, density_s7 on cpu" in res.stdout, res.stdout
+    assert "No such file or directory" in res.stdout, res.stdout
     assert re.search(r"task_grpo: run (checker|density)_s7 failed \(exit 1\); .* Rerun it alone: python -m "
                      r"stages.task_grpo --arm (checker|density) --seed 7 -S task.run=\[checker,density\] "
-                     r"-S task.seeds=\[7\]$", res.stderr.strip()), res.stderr
+                     r"-S task.seeds=\[7\] --out-dir \S+ --metrics \S+$", res.stderr.strip()), res.stderr
+
+
+def sleeper(tmp_path, name: str, seconds: float, code: int = 0) -> tuple[str, list[str], object]:
+    entry = tmp_path / name
+    entry.mkdir()
+    return name, [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit({code})"], entry
 
 
 def test_no_run_outlives_a_failed_one(monkeypatch, tmp_path):
     """One run fails while another is still going: the stage stops it before exiting."""
     started = []
-
-    def command(stage, name, seed, passthrough):
-        code = "import sys; sys.exit(3)" if name == "bad" else "import time; time.sleep(60)"
-        return [sys.executable, "-c", code]
-
-    real_popen = subprocess.Popen
-
-    def popen(*a, **k):
-        started.append(real_popen(*a, **k))
-        return started[-1]
-
-    monkeypatch.setattr(runs, "run_command", command)
-    monkeypatch.setattr(runs.subprocess, "Popen", popen)
+    real_start = runs.start
+    monkeypatch.setattr(runs, "start", lambda cmd, log: started.append(real_start(cmd, log)) or started[-1])
     with pytest.raises(SystemExit, match="run bad_s1 failed \\(exit 3\\)"):
-        runs.run_all("task_grpo", [("slow", 1), ("bad", 1)], 2, [], tmp_path)
+        runs.run_all("task_grpo", [sleeper(tmp_path, "slow_s1", 60), sleeper(tmp_path, "bad_s1", 0, 3)], 2, tmp_path)
     assert len(started) == 2 and started[0].poll() is not None  # the slow run was killed, not left running
+    assert not (tmp_path / "slow_s1" / "done").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_runner_killed_by_sigkill_leaves_no_run_alive(tmp_path):
+    """SIGKILL (as an out-of-memory kill) runs no clean-up in the runner: its runs die all the same."""
+    code = ("import sys, pathlib; from speedrun import runs; "
+            "jobs = [(f'r{i}_s1', [sys.executable, '-c', 'import time; time.sleep(120)'], pathlib.Path(sys.argv[1]))"
+            " for i in range(2)]; runs.run_all('grpo', jobs, 2, pathlib.Path(sys.argv[1]))")
+    runner = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env={**os.environ,
+                              "PYTHONPATH": str(REPO / "src")})
+    children = []
+    for _ in range(200):  # until both runs have started
+        children = [int(c) for c in subprocess.run(["pgrep", "-P", str(runner.pid)], capture_output=True,
+                                                      text=True).stdout.split()]
+        if len(children) == 2:
+            break
+        time.sleep(0.05)
+    assert len(children) == 2
+    os.kill(runner.pid, signal.SIGKILL)
+    runner.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(alive(pid) for pid in children):
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in children), "a run outlived its SIGKILLed runner"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited; its parent (init) reaps it
+    except (FileNotFoundError, IndexError):
+        return False

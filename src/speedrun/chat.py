@@ -7,14 +7,15 @@ or adversarial policy, trained on raw text only, continues the text it is given 
 Tokens are printed as they are sampled. Same seed, same prompt -> the same answer."""
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Annotated, Callable, Literal, TextIO, get_args
 
 import torch
+import typer
 
+from speedrun.typer_app import new_app, run_app
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import pick_device, stable_seed
 from speedrun.engine import generate
@@ -22,7 +23,9 @@ from speedrun.model import GPT
 from speedrun.tokenizer import Tokenizer
 from speedrun.train.checkpoint import load_model
 
-TEMPLATES = ("auto", "chat", "raw")
+Template = Literal["auto", "chat", "raw"]
+TEMPLATES: tuple[str, ...] = get_args(Template)
+app = new_app()
 
 
 def guess_template(meta: dict) -> str:
@@ -96,9 +99,21 @@ def ask_all(bots: list[Bot], tok: Tokenizer, text: str, out: TextIO, **kw) -> li
     return answers
 
 
-def main(model: list[Path], tokenizer_dir: Path = Path("outs/tokenizer"), prompt: str | None = None,
-         template: str = "auto", max_tokens: int = 128, temperature: float = 0.8, top_p: float = 0.95, seed: int = 0,
-         device: str = "cpu") -> None:
+@app.command(help=__doc__.splitlines()[0])
+def main(model: Annotated[list[Path], typer.Option(
+             metavar="DIR", help="checkpoint directory (model.pt + meta.json); repeat it to answer side by side")],
+         tokenizer_dir: Annotated[Path, typer.Option(
+             metavar="DIR", help="the tokenizer the checkpoints were trained with")] = Path("outs/tokenizer"),
+         prompt: Annotated[str | None, typer.Option(help="answer this once and exit (no REPL)")] = None,
+         template: Annotated[Template, typer.Option(help="auto: chat for SFT/GRPO checkpoints, raw continuation "
+                                                         "for pretrained and adversarial ones")] = "auto",
+         max_tokens: Annotated[int, typer.Option(help="new tokens per answer at most (within the context)")] = 128,
+         temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = 0.8,
+         top_p: Annotated[float, typer.Option(help="nucleus sampling mass (1 = off)")] = 0.95,
+         seed: Annotated[int, typer.Option(
+             help="sampling seed: the same seed and turns give the same answers")] = 0,
+         device: Annotated[str, typer.Option(help="cpu | cuda | auto")] = "cpu") -> None:
+    """Load the checkpoints, then answer `prompt` once or, without one, chat on stdin (a REPL)."""
     tok = tokenizer_lib.load(tokenizer_dir)
     try:
         bots = [load_bot(m, tok, pick_device(device), template) for m in model]
@@ -132,21 +147,9 @@ def main(model: list[Path], tokenizer_dir: Path = Path("outs/tokenizer"), prompt
         raise SystemExit(f"error: {e}") from None
 
 
-def cli() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, action="append", required=True,
-                    help="checkpoint directory (model.pt + meta.json); repeat it to answer side by side")
-    ap.add_argument("--tokenizer-dir", type=Path, default=Path("outs/tokenizer"),
-                    help="the tokenizer the checkpoints were trained with")
-    ap.add_argument("--prompt", help="answer this once and exit (no REPL)")
-    ap.add_argument("--template", default="auto", choices=["auto", "chat", "raw"],
-                    help="auto: chat for SFT/GRPO checkpoints, raw continuation for pretrained and adversarial ones")
-    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer at most (within the context)")
-    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0 = greedy)")
-    ap.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (1 = off)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed and turns give the same answers")
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    main(**vars(ap.parse_args()))
+def cli(argv: list[str] | None = None) -> None:
+    """speedrun-chat's command line (argv: default sys.argv[1:]): returns on success, exits non-zero otherwise."""
+    run_app(app, argv, "speedrun-chat")
 
 
 if __name__ == "__main__":

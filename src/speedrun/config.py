@@ -163,10 +163,20 @@ class OnpolicyConfig:
     batch_prompts: int = knob("prompts per engine call (K rows each)", ge=1)
 
 
+# the pair kinds a reward model can train on (data/pairs*.py, reward/onpolicy.py, data/task.py), and "all"
+PairKind = Literal["sft_sample", "hard", "random", "hh", "uf", "se", "task", "all"]
+# the diversity metrics a primary can name (speedrun.eval.compare.METRICS; tests/test_params.py keeps them in step)
+DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ead_2", "ead_3", "word_gini",
+                          "self_bleu", "ead_1_first", "distinct_2_first", "self_bleu_first", "within_distinct_1",
+                          "within_distinct_2", "within_distinct_3", "within_self_bleu", "within_vendi",
+                          "within_semantic"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class RMConfig(TrainConfig):
     """The preference reward model (speedrun.reward.train_rm)."""
-    train_kinds: list[str] = knob("pair kinds trained on (sft_sample, hard, random, hh, uf, se; task for task.rm), "
+    train_kinds: list[PairKind] = knob("pair kinds trained on (sft_sample, hard, random, hh, uf, se; task for "
+                                       "task.rm), "
                                   "or [all]; every kind of the validation split is scored")
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "
                                          "response")
@@ -277,9 +287,17 @@ class GRPOSection:
 
 
 @dataclass(frozen=True)
+class GoldTaskConfig:
+    """The chat track's gold-checked task: the docstring summary among distractors (speedrun.data.gold)."""
+    samples: int = knob("answers per gold-task item and model (pass@k and coverage@k use all of them)", ge=2)
+    max_new_tokens: int = knob("gold-task answer token budget", ge=1)
+    margin: float = knob("non-inferiority margin of gold-task pass@1 (absolute share of right answers)", ge=0)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     comparisons: list[str] = knob("'a:b' pairs of grpo.run variants; the report tests a - b over the training seeds")
-    primary: list[str] = knob("the primary diversity outcomes (Holm); the rest are secondary")
+    primary: list[DiversityMetric] = knob("the primary diversity outcomes (Holm); the rest are secondary")
     match_words: int = knob("length-matched metrics (EAD-1, distinct-2, self-BLEU-4 with '_first'): each response's "
                             "first N words only (0 = not computed)", ge=0)
     reward_keep: float = knob("reward non-inferiority: a keeps at least this share of b's reward gain over SFT "
@@ -295,6 +313,4 @@ class EvalConfig:
     n_boot: int = knob("bootstrap draws for the intervals", ge=1)
     control_temperatures: list[float] = knob("the SFT model is sampled at each: a primary metric must order them "
                                              "(Spearman >= 0.9) or it leaves the primary list", gt=0)
-    task_samples: int = knob("answers per gold-task item and model (pass@k and coverage@k use all of them)", ge=2)
-    task_max_new_tokens: int = knob("gold-task answer token budget", ge=1)
-    task_margin: float = knob("non-inferiority margin of gold-task pass@1 (absolute share of right answers)", ge=0)
+    gold: GoldTaskConfig = knob("the chat track's gold-checked task (not the task track: see task)")

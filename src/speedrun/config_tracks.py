@@ -133,5 +133,5 @@ class AdversarialConfig:
     temperature: float = knob("sampling temperature of the generated tokens (adv_data, adv_grpo, adv_eval)", gt=0)
     data: AdvDataConfig = knob("the discriminator's windows")
     rm: DiscConfig = knob("the discriminator")
-    grpo: AdvGRPOConfig = knob("the policy's GRPO")
+    train: AdvGRPOConfig = knob("the policy's GRPO (the role grpo.train and task.train play in their tracks)")
     eval: AdvEvalConfig = knob("adv_eval")

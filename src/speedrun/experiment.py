@@ -11,22 +11,27 @@ params.yaml (no copy of it) and how to draw the figures.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 from pathlib import Path
+from typing import Annotated, Literal
 
+import typer
 import yaml
 
+from speedrun.typer_app import new_app, run_app
 from speedrun.common import write_bytes, write_text
 
+Track = Literal["chat", "task"]
 SECTION = {"task": "task", "chat": "grpo"}  # where each track's params name its arms (run) and seeds
-TRACKS = {  # what each track's evaluation writes: report, metrics, per-run metrics folder, samples
+# what each track's evaluation writes: report, metrics, per-run metrics folder, samples
+TRACKS: dict[Track, tuple[str, str, str, str]] = {
     "task": ("reports/task.md", "reports/metrics/task.json", "reports/metrics/task_grpo",
              "outs/task_eval/answers.parquet"),
     "chat": ("reports/report.md", "reports/metrics/diversity.json", "reports/metrics/grpo",
              "outs/eval/samples.parquet"),
 }
+app = new_app()
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -86,13 +91,18 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
     return written
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path, help="reports/experiments/<name>, holding the committed plan (README.md)")
-    ap.add_argument("--track", choices=sorted(TRACKS), required=True, help="which evaluation the experiment ran")
-    args = ap.parse_args()
-    for p in keep(args.folder, args.track):
+@app.command(help=__doc__.splitlines()[0])
+def command(folder: Annotated[Path, typer.Argument(
+                metavar="FOLDER", help="reports/experiments/<name>, holding the committed plan (README.md)")],
+            track: Annotated[Track, typer.Option(help="which evaluation the experiment ran")]) -> None:
+    """Keep the workspace's run of `track` in `folder`; prints the files written."""
+    for p in keep(folder, track):
         print(p)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m speedrun.experiment` (argv: default sys.argv[1:]): returns on success, exits non-zero otherwise."""
+    run_app(app, argv, "python -m speedrun.experiment")
 
 
 if __name__ == "__main__":

@@ -11,18 +11,21 @@ experiment made on its own (Holm within the experiment only), which is what the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+from typing import Annotated
 
+import typer
 import yaml
 
+from speedrun.typer_app import new_app, run_app
 from speedrun.common import write_text
 from speedrun.eval.stats import ALPHA, holm
 
 ROOT = Path("reports/experiments")
 START, END = "<!-- families: python -m speedrun.families --write -->", "<!-- /families -->"
 VERDICT = {1: "diversity-raising", -1: "diversity-lowering", 0: "no call"}
+app = new_app()
 
 
 def _ci(v: float, lo: float, hi: float, digits: int = 3) -> str:
@@ -79,12 +82,12 @@ def render(root: Path = ROOT) -> str:
     return "\n".join(lines + ["", END])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="replace the family tables in reports/experiments/README.md")
-    args = ap.parse_args()
+@app.command(help=__doc__.splitlines()[0])
+def command(write: Annotated[bool, typer.Option(
+        "--write", help="replace the family tables in reports/experiments/README.md")] = False) -> None:
+    """Print the family tables, or with `write` replace them in reports/experiments/README.md."""
     text = render()
-    if not args.write:
+    if not write:
         print(text)
         return
     readme = ROOT / "README.md"
@@ -92,6 +95,11 @@ def main() -> None:
     if START not in old or END not in old:
         raise SystemExit(f"{readme}: no '{START}' ... '{END}' section to replace")
     write_text(readme, old[:old.index(START)] + text + old[old.index(END) + len(END):])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m speedrun.families` (argv: default sys.argv[1:]): returns on success, exits non-zero otherwise."""
+    run_app(app, argv, "python -m speedrun.families")
 
 
 if __name__ == "__main__":

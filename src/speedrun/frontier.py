@@ -12,18 +12,20 @@ A console tool, not a pipeline stage: it reads whatever experiments exist.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
+import typer
 from matplotlib.figure import Figure
 
+from speedrun.typer_app import new_app, run_app
 from speedrun.common import write_bytes, write_text
 
 METRICS_FILE = "reports/metrics/diversity.json"
+app = new_app()
 
 
 def experiments(show: list[dict], metrics_file: str = METRICS_FILE) -> list[dict[str, Any]]:
@@ -118,8 +120,16 @@ def table(points: list[dict], metric: str, sweep: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(show_json: Optional[Path] = None, metric: str = "", sweep: str = "beta",
-         out: Path = Path("reports/figures/frontier.png"), table_out: Optional[Path] = None) -> None:
+@app.command(help=__doc__.splitlines()[0])
+def main(show_json: Annotated[Optional[Path], typer.Option(
+             metavar="FILE", help="saved `dvc exp show --json` output (default: run it here)")] = None,
+         metric: Annotated[str, typer.Option(
+             help="diversity metric on the x axis (default: the first of eval.primary)")] = "",
+         sweep: Annotated[str, typer.Option(help="the swept param, dotted (labels and orders the points)")] = "beta",
+         out: Annotated[Path, typer.Option(metavar="FILE", help="figure")] = Path("reports/figures/frontier.png"),
+         table_out: Annotated[Optional[Path], typer.Option(
+             metavar="FILE", help="also write the table (markdown) here")] = None) -> None:
+    """Read the experiments (from show_json, else `dvc exp show --json`), draw the frontier, print its table."""
     if show_json is not None:
         show = json.loads(show_json.read_text())
     else:
@@ -144,14 +154,9 @@ def main(show_json: Optional[Path] = None, metric: str = "", sweep: str = "beta"
     print(md + f"figure: {out}")
 
 
-def cli() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--show-json", type=Path, help="saved `dvc exp show --json` output (default: run it here)")
-    ap.add_argument("--metric", default="", help="diversity metric on the x axis (default: the first of eval.primary)")
-    ap.add_argument("--sweep", default="beta", help="the swept param, dotted (labels and orders the points)")
-    ap.add_argument("--out", type=Path, default=Path("reports/figures/frontier.png"), help="figure")
-    ap.add_argument("--table-out", type=Path, help="also write the table (markdown) here")
-    main(**vars(ap.parse_args()))
+def cli(argv: Optional[list[str]] = None) -> None:
+    """speedrun-frontier's command line (argv: default sys.argv[1:]): returns on success, exits non-zero otherwise."""
+    run_app(app, argv, "speedrun-frontier")
 
 
 if __name__ == "__main__":

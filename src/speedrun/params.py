@@ -55,11 +55,32 @@ def repo_file(name: str) -> Path:
     return here if here.is_file() else Path(__file__).resolve().parents[2] / name
 
 
+def cut(text: str, n: int = 160) -> str:
+    """A value as an error message shows it: at most n characters, so a huge value cannot flood the message."""
+    text = str(text)
+    return text if len(text) <= n else f"{text[:n]}… ({len(text):,} characters)"
+
+
+def _plain_yaml(text: str, where: str) -> Any:
+    """YAML without anchors or aliases: an alias can expand a few lines into gigabytes (a 'billion laughs')."""
+    from ruamel.yaml.events import AliasEvent
+    try:
+        for ev in _YAML.parse(text):
+            if isinstance(ev, AliasEvent) or getattr(ev, "anchor", None):
+                line = ev.start_mark.line + 1 if ev.start_mark else "?"
+                raise ParamsError(f"{where}: line {line}: YAML anchors and aliases are refused in params (write each "
+                                  "value out)")
+        return _YAML.load(text)
+    except ParamsError:
+        raise
+    except Exception as e:  # a YAML syntax error, or a value YAML cannot build (a 100,000-digit integer)
+        raise ParamsError(f"{where}: not valid YAML: {cut(str(e), 400)}") from None
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: params file not found (run from the repository root)")
-    with open(path, encoding="utf-8") as f:
-        raw = _YAML.load(f) or {}
+    raw = _plain_yaml(Path(path).read_text(encoding="utf-8"), str(path)) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     return raw
@@ -69,16 +90,16 @@ def set_key(raw: dict[str, Any], assignment: str, where: str) -> None:
     """Apply one `-S section.key=value` (value parsed as YAML, as DVC does) to the raw params."""
     key, sep, text = assignment.partition("=")
     if not sep:
-        raise ParamsError(f"-S {assignment!r}: expected key=value")
+        raise ParamsError(f"-S {cut(assignment)!r}: expected key=value")
     node = raw
     *parents, last = key.split(".")
     for i, part in enumerate(parents):
         if not isinstance(node.get(part), dict):
-            raise ParamsError(f"{where}: -S {key}: no section {'.'.join(parents[:i + 1])!r}")
+            raise ParamsError(f"{where}: -S {cut(key)}: no section {cut('.'.join(parents[:i + 1]))!r}")
         node = node[part]
     if last not in node:
-        raise ParamsError(f"{where}: -S {key}: unknown key (known: {', '.join(map(str, node))})")
-    node[last] = _YAML.load(text)
+        raise ParamsError(f"{where}: -S {cut(key)}: unknown key (known: {', '.join(map(str, node))})")
+    node[last] = _plain_yaml(text, f"-S {cut(key)}")
 
 
 def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
@@ -94,7 +115,7 @@ def load(path: Path | None = None, overrides: list[str] = ()) -> Params:
         given = [a for a in overrides if key == (k := a.partition("=")[0]) or key.startswith(k + ".")
                  or key.startswith(k + "[")]
         if given:
-            raise ParamsError(f"-S {given[-1]}: {str(e).removeprefix(f'{path}: ')}") from None
+            raise ParamsError(f"-S {cut(given[-1])}: {str(e).removeprefix(f'{path}: ')}") from None
         raise
     cross_check(params, str(path))
     return params
@@ -105,14 +126,17 @@ def cross_check(p: Params, where: str) -> None:
     for run, defined in (("grpo.run", p.grpo.variants), ("task.run", p.task.variants)):
         for i, name in enumerate(value_at(p, run)):
             if name not in defined:
-                _fail(where, f"{run}[{i}]", f"{name!r} is not one of {run.split('.')[0]}.variants "
+                _fail(where, f"{run}[{i}]", f"{cut(repr(name))} is not one of {run.split('.')[0]}.variants "
                       f"({', '.join(defined)})")
     for key, run in (("eval.comparisons", p.grpo.run), ("task.eval.comparisons", p.task.run)):
         for i, comp in enumerate(value_at(p, key)):
             sides = comp.split(":")
             if len(sides) != 2 or sides[0] == sides[1] or any(s not in run for s in sides):
-                _fail(where, f"{key}[{i}]", f"{comp!r} must be 'a:b', two different arms of "
+                _fail(where, f"{key}[{i}]", f"{cut(repr(comp))} must be 'a:b', two different arms of "
                       f"{'grpo.run' if key == 'eval.comparisons' else 'task.run'} ({', '.join(run)})")
+    for i, m in enumerate(p.eval.primary):
+        if m.endswith("_first") and not p.eval.match_words:
+            _fail(where, f"eval.primary[{i}]", f"{m} is length-matched: set eval.match_words > 0")
     e, arm_t = p.task.eval, p.task.train.temperature
     if arm_t not in e.run_temperatures:
         _fail(where, "task.eval.run_temperatures", f"must include task.train.temperature ({arm_t:g}): the runs' own "
@@ -120,6 +144,16 @@ def cross_check(p: Params, where: str) -> None:
     if e.primary == "matched" and len(e.run_temperatures) < 2:
         _fail(where, "task.eval.primary", "matched reads each run on its own temperature curve: give "
               "task.eval.run_temperatures temperatures besides task.train.temperature")
+
+
+def dag_check(p: Params | StageView, where: str) -> None:
+    """The checks of the DAG's own run (stage preflight), not of a stage run by hand on files of the user's: a path
+    knob that is a dvc.yaml dep lies inside the workspace, or DVC could not see it change."""
+    for name, cycle in p.adversarial.cycles.items():
+        init = Path(cycle.init)
+        if init.is_absolute() or ".." in init.parts or not init.parts:
+            _fail(where, f"adversarial.cycles.{name}.init", f"{cut(repr(cycle.init), 200)}: a path inside the "
+                  "workspace (outs/pretrain, or outs/adv/cycle_<prev>/policy), as dvc.yaml tracks it")
 
 
 def _fail(where: str, key: str, message: str) -> typing.NoReturn:
@@ -131,13 +165,13 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
     origin, args = typing.get_origin(cls), typing.get_args(cls)
     if dataclasses.is_dataclass(cls):
         if not isinstance(value, dict):
-            _fail(where, key, f"expected a section of keys, got {value!r}")
+            _fail(where, key, f"expected a section of keys, got {cut(repr(value))}")
         # derived fields are set by the stage at run time: params.yaml neither holds nor may set them
         fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
         hints = typing.get_type_hints(cls)
         unknown = sorted(set(map(str, value)) - set(fields))
         if unknown:
-            _fail(where, ".".join(filter(None, [key, unknown[0]])),
+            _fail(where, ".".join(filter(None, [key, cut(unknown[0], 80)])),
                   f"unknown key (a typo? {key or 'params.yaml'} has: {', '.join(fields)})")
         missing = [n for n in fields if n not in value]  # no defaults in code: params.yaml holds every value
         if missing:
@@ -150,32 +184,32 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
         return cls(**out)
     if origin is typing.Literal:
         if value not in args:
-            _fail(where, key, f"expected one of {', '.join(map(str, args))}, got {value!r}")
+            _fail(where, key, f"expected one of {', '.join(map(str, args))}, got {cut(repr(value))}")
         return value
     if origin is list:
         if isinstance(value, str) and "," in value:  # DVC's -S reads a,b,c as a sweep of three runs, not one list
-            _fail(where, key, f"expected a list, got the string {value!r}: write [{value}] (with dvc exp run: "
-                  f"-S '{key}=[{value}]')")
+            _fail(where, key, f"expected a list, got the string {cut(repr(value))}: write [{cut(value)}] (with dvc "
+                  f"exp run: -S '{key}=[{cut(value)}]')")
         if not isinstance(value, list):
-            _fail(where, key, f"expected a list, got {value!r}")
+            _fail(where, key, f"expected a list, got {cut(repr(value))}")
         items = [build(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)]
         if not items or len(set(map(repr, items))) != len(items):  # a repeated seed or arm would run twice
-            _fail(where, key, f"expected a non-empty list of distinct values, got {value!r}")
+            _fail(where, key, f"expected a non-empty list of distinct values, got {cut(repr(value))}")
         return items
     if origin is dict:
         if not isinstance(value, dict) or not value:
-            _fail(where, key, f"expected a non-empty mapping, got {value!r}")
+            _fail(where, key, f"expected a non-empty mapping, got {cut(repr(value))}")
         for k in value:  # its names become run ids (--variant <name>) and output paths (outs/grpo/<name>_s1)
             if not ID.fullmatch(str(k)):
-                _fail(where, f"{key}.{k}", "a name of letters, digits, '_' and '-' only (it becomes a stage id "
-                      "and an output path)")
+                _fail(where, f"{key}.{cut(k, 80)}", "a name of letters, digits, '_' and '-' only (it becomes a "
+                      "stage id and an output path)")
         return {str(k): build(args[1], v, where, f"{key}.{k}") for k, v in value.items()}
     if cls is float and isinstance(value, int) and not isinstance(value, bool):  # YAML reads `1` as an int
         value = float(value)
     if cls is str and value is None:
         _fail(where, key, "expected a string, got nothing (write '' for an empty one)")
     if not isinstance(value, cls) or (cls is int and isinstance(value, bool)):  # bool is an int subclass
-        _fail(where, key, f"expected {cls.__name__}, got {value!r} ({type(value).__name__})")
+        _fail(where, key, f"expected {cls.__name__}, got {cut(repr(value))} ({type(value).__name__})")
     if cls is float and math.isnan(value):
         _fail(where, key, "expected a number, got NaN")
     return value
@@ -191,11 +225,11 @@ def check_range(f: dataclasses.Field, value: Any, where: str, key: str) -> None:
             check_range(f, v, where, f"{key}[{i}]")
         return
     if isinstance(value, float) and not math.isfinite(value) and any(m.get(b) is not None for b in RANGES):
-        _fail(where, key, f"must be a finite number, got {value!r}")
+        _fail(where, key, f"must be a finite number, got {cut(repr(value))}")
     for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
                             ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
         if m.get(bound) is not None and not ok(value, m[bound]):
-            _fail(where, key, f"must be {word} {m[bound]:g}, got {value!r}")
+            _fail(where, key, f"must be {word} {m[bound]:g}, got {cut(repr(value))}")
 
 
 def leaves(cls: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:

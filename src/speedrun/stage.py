@@ -1,21 +1,25 @@
-"""The command line of a stage: `python -m stages.<name> [--variant V --seed S | --cycle C] [-S key=value ...]`.
+"""The command line of a stage: `speedrun <stage> [--variant V --seed S | --cycle C] [-S key=value ...]` (Typer).
 
 A stage declares READS (the params.yaml keys it reads: its dvc.yaml `params:`, `{variant}`-style placeholders filled
 from its ids) and PATHS (its files, defaulting to the DVC layout). Run by hand with no options it does what
-`dvc repro` does; `-S` overrides a key as `dvc exp run -S` does; `--help` lists every key it reads with its help and
-value. Every key is checked before any work (speedrun.params)."""
+`dvc repro` does; `-S` overrides a key as `dvc exp run -S` does; `--help` lists every key it reads, by section, with
+its help and value. Every key is checked before any work (speedrun.params)."""
 from __future__ import annotations
 
-import argparse
+import inspect
+import os
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+import typer
 
 from speedrun import params as params_lib
 from speedrun.common import keep_freed_memory
 from speedrun.params import Params
-
 
 # a run id names an entry of one of these sections
 ID_SECTIONS = {"variant": "grpo.variants", "arm": "task.variants", "cycle": "adversarial.cycles"}
@@ -25,60 +29,117 @@ def check_ids(run_ids: dict[str, Any], p: Params) -> None:
     """A run id becomes part of output paths: letters, digits, '_' and '-' only, and an entry of its section."""
     for name, value in run_ids.items():
         if isinstance(value, str) and not params_lib.ID.fullmatch(value):
-            sys.exit(f"error: --{name} {value!r}: letters, digits, '_' and '-' only (it becomes an output path)")
+            sys.exit(f"error: --{name} {params_lib.cut(value)!r}: letters, digits, '_' and '-' only (it becomes an "
+                     f"output path)")
         if name in ID_SECTIONS and str(value) not in (known := params_lib.value_at(p, ID_SECTIONS[name])):
-            sys.exit(f"error: --{name} {value!r}: not one of {ID_SECTIONS[name]} ({', '.join(known)})")
+            sys.exit(f"error: --{name} {params_lib.cut(value)!r}: not one of {ID_SECTIONS[name]} ({', '.join(known)})")
 
 
 def reads_for(reads: tuple[str, ...], ids: dict[str, Any]) -> list[str]:
     return [r.format(**ids) for r in reads]
 
 
-def describe(reads: list[str], p: Params) -> str:
-    """One line per key the stage reads: key = value  help."""
-    lines = []
+def describe(reads: list[str], p: Params, width: int | None = None) -> str:
+    """The keys a stage reads, grouped by section: `key = value` and its help, wrapped at the terminal's width."""
+    width = width or max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
+    lines, section = [], None
     for r in reads:
-        keys = [(k, f) for k, f in params_lib.leaves(Params) if k == r or k.startswith(r + ".")]
-        for k, f in keys:
-            lines.append(f"  {k} = {params_lib.plain(params_lib.value_at(p, k))!r}\n      {f.metadata['help']}")
+        for k, f in ((k, f) for k, f in params_lib.leaves(Params) if k == r or k.startswith(r + ".")):
+            head = k.rsplit(".", 1)[0] if "." in k else "(top level)"
+            if head != section:
+                lines.append(f"  [{head}]")
+                section = head
+            value = params_lib.cut(repr(params_lib.plain(params_lib.value_at(p, k))), 200)
+            lines.append("    " + textwrap.shorten(f"{k} = {value}", width - 4, placeholder=" …"))
+            lines += textwrap.wrap(f.metadata["help"], width, initial_indent=" " * 8, subsequent_indent=" " * 8)
     return "\n".join(lines)
 
 
-def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...], paths: dict[str, str | None],
-              ids: dict[str, type] | None = None, argv: list[str] | None = None) -> None:
-    """Parse the command line, load and check params.yaml (+ -S overrides), call main(p, io, **ids)."""
+BY_HAND = Path("scratch/by_hand")
+TRACKED_OUTS = ("metrics", "report", "out_md", "fig_dir")  # the PATHS a stage writes under git-tracked reports/
+
+
+def by_hand(args: dict[str, Any], paths: dict[str, str | list | None], ctx: typer.Context) -> None:
+    """Run by hand (not by DVC, which sets DVC_STAGE), a stage writes its git-tracked reports under scratch/by_hand/
+    unless the user names the file: a try-out never rewrites a committed metric."""
+    if "DVC_STAGE" in os.environ:
+        return
+    for name, default in paths.items():
+        given = getattr(ctx.get_parameter_source(name), "name", "") not in ("DEFAULT", "")
+        if name in TRACKED_OUTS and str(default).startswith("reports/") and not given:
+            args[name] = BY_HAND / args[name]
+            print(f"by hand: --{name.replace('_', '-')} {args[name]} (pass --{name.replace('_', '-')} {default} to "
+                  "write the tracked file)", flush=True)
+
+
+def _signature(ids: dict[str, type], paths: dict[str, str | list | None]) -> inspect.Signature:
+    """The stage command's options as a Python signature, which Typer turns into its command line."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    opts = [inspect.Parameter("ctx", kw, annotation=typer.Context)]
+    opts += [inspect.Parameter(n, kw, annotation=t, default=typer.Option(..., f"--{n}", help="run id (a DVC foreach "
+                              "or matrix key)")) for n, t in ids.items()]
+    opts.append(inspect.Parameter("set", kw, annotation=list[str], default=typer.Option(
+        [], "-S", "--set", metavar="KEY=VALUE",
+        help="override a params.yaml key, as dvc exp run -S does (repeatable)")))
+    opts.append(inspect.Parameter("params", kw, annotation=Optional[Path], default=typer.Option(
+        None, "--params", help="params file (default: ./params.yaml)")))
+    for name, default in paths.items():  # a list: several files (--pairs a.parquet --pairs b.parquet)
+        many = isinstance(default, list)
+        opts.append(inspect.Parameter(name, kw, annotation=list[Path] if many else Optional[Path], default=typer.Option(
+            [Path(d) for d in default] if many else (Path(default) if default else None),
+            f"--{name.replace('_', '-')}", show_default=False,
+            help=f"default: {' '.join(default) if many else default or 'from params.yaml'}"
+                 + (" (repeat the option for several files)" if many else ""))))
+    return inspect.Signature(opts)
+
+
+def stage_command(main: Callable[..., None], reads: tuple[str, ...], paths: dict[str, str | list | None],
+                  ids: dict[str, type] | None = None) -> Callable[..., None]:
+    """The Typer callback of a stage: load and check params.yaml (+ -S overrides), fill the paths, call main."""
     ids = ids or {}
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     add_help=False)
-    parser.add_argument("-h", "--help", action="store_true", help="show this help, with every params key read")
-    for name, kind in ids.items():
-        parser.add_argument(f"--{name}", type=kind, required=True, help="run id (of a foreach or of stages.runs)")
-    parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a params.yaml key, as dvc exp run -S does (repeatable)")
-    parser.add_argument("--params", type=Path, default=None, help="params file (default: ./params.yaml)")
-    for name, default in paths.items():  # a list: several files (--pairs a.parquet b.parquet)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=Path, default=default,
-                            nargs="+" if isinstance(default, list) else None,
-                            help=f"default: {default}" if default else "default: from params.yaml")
+
+    def command(ctx: typer.Context, **args: Any) -> None:
+        run_ids = {name: args.pop(name) for name in ids}
+        try:
+            p = params_lib.load(args.pop("params"), args.pop("set"))
+        except params_lib.ParamsError as e:
+            sys.exit(f"error: {e}")
+        check_ids(run_ids, p)
+        by_hand(args, paths, ctx)
+        keep_freed_memory()  # large CPU tensors reuse freed memory instead of faulting in fresh pages
+        as_path = lambda v: Path(str(v).format(**run_ids)) if v is not None else None  # noqa: E731
+        io = SimpleNamespace(**{k: [as_path(x) for x in v] if isinstance(v, list) else as_path(v)
+                                for k, v in args.items()})
+        main(params_lib.StageView(p, reads_for(reads, run_ids)), io, **run_ids)
+
+    command.__signature__ = _signature(ids, paths)
+    command.__annotations__ = {q.name: q.annotation for q in command.__signature__.parameters.values()}
+    return command
+
+
+def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...], paths: dict[str, str | list | None],
+              ids: dict[str, type] | None = None, argv: list[str] | None = None, name: str | None = None) -> None:
+    """Run one stage's command line (argv, default sys.argv[1:]); `--help` adds the params.yaml keys it reads."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = name or (main.__module__.rsplit(".", 1)[-1])
+    app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+    command = stage_command(main, reads, paths, ids)
+    settings = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
+    app.command(name=name, help=doc, context_settings=settings)(command)
+    cmd = typer.main.get_command(app)
+    try:
+        code = cmd.main(argv, prog_name=f"speedrun {name}", standalone_mode=False)
+    except (typer.Exit, typer.Abort) as e:
+        code = getattr(e, "exit_code", 1)
+    except typer.exceptions.TyperException as e:  # a usage error: Typer's own message, as a command line shows it
+        e.show()
+        sys.exit(getattr(e, "exit_code", 2))
+    if code:
+        sys.exit(code)
     if "-h" in argv or "--help" in argv:
-        parser.print_help()
         try:
             p = params_lib.load(None)
         except (params_lib.ParamsError, FileNotFoundError) as e:
-            sys.exit(f"\nerror: {e} (fix it to see the params.yaml keys this stage reads)")
+            sys.exit(f"\nerror: {params_lib.cut(str(e), 600)} (fix it to see the params.yaml keys this stage reads)")
         shown = [r.split(".{")[0] for r in reads]  # grpo.variants.{variant} -> grpo.variants
         print("\nparams.yaml keys read (committed value, help):\n" + describe(shown, p))
-        return
-    args = vars(parser.parse_args(argv))
-    run_ids = {name: args.pop(name) for name in ids}
-    try:
-        p = params_lib.load(args.pop("params"), args.pop("set"))
-    except params_lib.ParamsError as e:
-        sys.exit(f"error: {e}")
-    args.pop("help")
-    check_ids(run_ids, p)
-    keep_freed_memory()  # large CPU tensors reuse freed memory instead of faulting in fresh pages
-    as_path = lambda v: Path(str(v).format(**run_ids)) if v is not None else None  # noqa: E731
-    io = SimpleNamespace(**{k: [as_path(x) for x in v] if isinstance(v, list) else as_path(v) for k, v in args.items()})
-    main(params_lib.StageView(p, reads_for(reads, run_ids)), io, **run_ids)

@@ -10,18 +10,21 @@ which an experiment folder does not keep.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
+from typing import Annotated
 
+import typer
 import yaml
 
+from speedrun.typer_app import new_app, run_app
 from speedrun.eval.compare import FAIL, METRIC_BY_NAME, PASS, UNSURE
 from speedrun.eval.figures import plot_forest, plot_metrics, plot_scatter
 
 RUN = re.compile(r"^grpo_(.+)_s(\d+)$")
 VERDICT = {1: PASS, -1: FAIL, 0: UNSURE}
+app = new_app()
 
 
 def result_from_metrics(flat: dict) -> dict:
@@ -79,12 +82,18 @@ def replot(folder: Path) -> list[Path]:
     return written
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folders", nargs="+", type=Path, help="experiment folders under reports/experiments")
-    for folder in ap.parse_args().folders:
+@app.command(help=__doc__.splitlines()[0])
+def command(folders: Annotated[list[Path], typer.Argument(
+        metavar="FOLDER", help="experiment folders under reports/experiments")]) -> None:
+    """Draw every folder's figures; prints the files written."""
+    for folder in folders:
         for p in replot(folder):
             print(p)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m speedrun.eval.replot` (argv: default sys.argv[1:]): returns on success, exits non-zero otherwise."""
+    run_app(app, argv, "python -m speedrun.eval.replot")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,16 @@ def embed_texts(model: GPT, tok: Tokenizer, texts: list[str], device: str, batch
     return out
 
 
+def resume_file(resume: Path | None, fingerprint: str, name: str, ckpt: Path, *settings) -> Path | None:
+    """Where a killed evaluation keeps one model's finished answers: under a key of the caller's settings and inputs
+    (`fingerprint`), the model's name, checkpoint and own settings. None without a resume dir (the checkpoint is hashed
+    only when there is somewhere to resume from)."""
+    if resume is None:
+        return None
+    key = stable_hash(fingerprint, name, *settings, files_digest(Path(ckpt) / "model.pt"))
+    return Path(resume) / f"{name}-{key}.parquet"
+
+
 def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prompts: pd.DataFrame,
                   ids: list[list[int]], pairs_path: Path | None, seeds: int, samples_per_prompt: int,
                   max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str,
@@ -134,11 +144,7 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
     rows, ref, swapped, drawn = [], None, None, drawn or {}
     bar = Progress(len(models), "eval", unit="model")
     for name, ckpt in models.items():
-        done = None
-        if resume is not None:  # the checkpoint is hashed only when there is somewhere to resume from
-            key = stable_hash(fingerprint, name, temperature, pairs_path is not None,
-                              files_digest(Path(ckpt) / "model.pt"))
-            done = Path(resume) / f"{name}-{key}.parquet"
+        done = resume_file(resume, fingerprint, name, ckpt, temperature, pairs_path is not None)
         if done is not None and done.exists():
             rows += pd.read_parquet(done).to_dict("records")
             bar.update(1)

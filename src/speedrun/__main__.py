@@ -1,0 +1,4 @@
+"""`python -m speedrun <stage>`: the `speedrun` command (speedrun.cli)."""
+from speedrun.cli import main
+
+main()

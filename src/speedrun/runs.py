@@ -1,0 +1,189 @@
+"""A track's GRPO runs: one DVC stage each (`grpo@density-1`, `task_grpo@checker-2`), still side by side on CPU.
+
+DVC runs one stage at a time, and at these small shapes two runs on a core each end 1.4-1.5x sooner than in turn
+(bench/parallel_runs.py). So the first stale run of a track that DVC starts also trains, beside itself, every other
+run of the track that is certainly stale (its output missing, or its metrics stamped with another key), each into
+scratch/runs/<stage>/<key>/; when DVC reaches those runs' own stages, each finds its result under its key and
+installs it in a second. The key hashes what DVC reruns a run for: its params (the stage's StageView), its ids and
+its dvc.yaml deps. A run's bytes do not depend on what runs beside it (compute.run_threads fixes its threads), so a
+run trained beside another is the run trained alone. DVC keeps its per-run cache: adding a seed trains that seed's
+runs only, and a run whose settings and inputs are unchanged is restored, never retrained. Each run is a child
+process that dies with its runner, however the runner dies (PR_SET_PDEATHSIG), and writes only under its key: no
+stale run can reach outs/. On a GPU, under torchrun or with run_threads 0 a stage trains its own run only, in its own
+process."""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import yaml
+
+from speedrun import params as params_lib
+from speedrun.common import files_digest, pick_device, read_json, runs_at_once, stable_hash, write_json
+from speedrun.params import Params, StageView
+from speedrun.stage import reads_for, run_stage
+
+TRACKS = {"grpo": ("grpo", "variant"), "task_grpo": ("task", "arm")}  # stage: (params section, run id option)
+SCRATCH = Path("scratch/runs")
+
+
+def run_list(p: Params, stage: str) -> list[tuple[str, int]]:
+    """(arm, seed) for every run of the track: arm by arm, so runs side by side are alike in length."""
+    section = params_lib.value_at(p, TRACKS[stage][0])
+    return [(name, seed) for name in section.run for seed in section.seeds]
+
+
+def default_io(mod: ModuleType, ids: dict[str, Any]) -> SimpleNamespace:
+    """A run's files in the DVC layout."""
+    return SimpleNamespace(**{k: Path(v.format(**ids)) if isinstance(v, str) else v for k, v in mod.PATHS.items()})
+
+
+def dag_deps(stage: str) -> list[Path]:
+    """The files dvc.yaml's stage declares as deps (code and inputs; the same for every run of the track)."""
+    spec = yaml.safe_load(Path("dvc.yaml").read_text())["stages"][stage] if Path("dvc.yaml").is_file() else {}
+    return [Path(d) for d in spec.get("deps", []) if "${" not in d]
+
+
+def run_key(mod: ModuleType, p: Params, ids: dict[str, Any], io: SimpleNamespace) -> str:
+    """What DVC reruns a run for: its params (the stage's StageView), its ids and its deps (dvc.yaml's; else the
+    run's input files and the code)."""
+    deps = dag_deps(mod.__name__.rsplit(".", 1)[-1]) or [
+        *(v for k, v in vars(io).items() if k not in ("out_dir", "metrics")), Path(mod.__file__),
+        *sorted(Path(params_lib.__file__).parent.rglob("*.py"))]
+    view = StageView(p, reads_for(mod.READS, ids))
+    return stable_hash(mod.__name__, json.dumps(ids, sort_keys=True), view.digest(), files_digest(*deps), n_hex=24)
+
+
+def certainly_stale(key: str, io: SimpleNamespace) -> bool:
+    """A sibling run to train now: its output or metrics are missing, or they are of another key (the key a batch
+    wrote into the metrics, which DVC checks out and git keeps together with the output). Metrics without a key
+    (written by a run by hand) may be current: left to the run's own stage."""
+    if not io.out_dir.exists() or not io.metrics.is_file():
+        return True
+    stamped = read_json(io.metrics).get("run_key")
+    return stamped is not None and stamped != key
+
+
+def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the runner dies, even by SIGKILL
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start(cmd: list[str], log) -> subprocess.Popen:
+    """A run as a child the runner owns: in its process group, killed if the runner dies (Linux)."""
+    linux = sys.platform.startswith("linux")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent if linux else None)
+
+
+def run_all(stage: str, jobs: list[tuple[str, list[str], Path]], width: int, tmp: Path) -> None:
+    """Keep `width` runs going until every run has ended, each marking its entry done; the first failure kills the
+    rest and exits, naming the run and the command that reruns it alone."""
+    pending, live, done, t_start = list(jobs), {}, 0, time.perf_counter()
+    try:
+        while pending or live:
+            while pending and len(live) < width:
+                run, cmd, entry = pending.pop(0)
+                log = (tmp / f"{run}.log").open("w+")
+                live[run] = (start(cmd, log), log, cmd, entry)
+            time.sleep(0.05)
+            for run, (proc, log, cmd, entry) in list(live.items()):
+                if proc.poll() is None:
+                    continue
+                del live[run]
+                log.seek(0)
+                out = log.read().rstrip()
+                log.close()
+                if proc.returncode != 0:
+                    print(out[-6000:], flush=True)
+                    sys.exit(f"{stage}: run {run} failed (exit {proc.returncode}); its output is above. Rerun it "
+                             f"alone: python {' '.join(cmd[1:])}")
+                (entry / "done").write_text("")
+                done += 1
+                print(f"--- [{done}/{len(jobs)}] {run}, {time.perf_counter() - t_start:.0f} s into the stage\n{out}",
+                      flush=True)
+    finally:  # a failed run or an interrupt: no run outlives the stage
+        for proc, log, *_ in live.values():
+            proc.kill()
+            proc.wait()
+            log.close()
+
+
+def install(key: str, entry: Path, io: SimpleNamespace) -> None:
+    """Move a finished run from its scratch entry into the stage's outputs, its metrics stamped with its key."""
+    if io.out_dir.exists():
+        shutil.rmtree(io.out_dir)
+    io.out_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(entry / "out", io.out_dir)  # one filesystem: scratch/ and outs/ are both in the workspace
+    write_json(io.metrics, {**read_json(entry / "metrics.json"), "run_key": key})
+    shutil.rmtree(entry)
+
+
+def _passthrough(argv: list[str]) -> tuple[list[str], Path | None]:
+    """The -S overrides (as `-S k=v` pairs) and --params of a command line: every run of the batch gets them."""
+    sets, params, it = [], None, iter(argv)
+    for a in it:
+        if a in ("-S", "--set"):
+            sets += [a, next(it, "")]
+        elif a.startswith("--set="):
+            sets += ["-S", a.split("=", 1)[1]]
+        elif a == "--params":
+            params = Path(next(it, ""))
+        elif a.startswith("--params="):
+            params = Path(a.split("=", 1)[1])
+    return sets, params
+
+
+def batch(stage: str, argv: list[str]) -> None:
+    """`speedrun grpo|task_grpo --<id> NAME --seed S`: this run from scratch if a batch trained it, else trained now,
+    beside the track's other certainly stale runs."""
+    mod = importlib.import_module(f"stages.{stage}")
+    id_name = TRACKS[stage][1]
+
+    def main(view, io, **ids) -> None:
+        sets, params_path = _passthrough(argv)
+        p = params_lib.load(params_path, sets[1::2])
+        width = runs_at_once(p.compute.run_threads, p.compute.nproc, pick_device(p.compute.device))
+        if width == 1 or vars(io) != vars(default_io(mod, ids)):  # in turn, or files of the user's own: alone
+            return mod.main(view, io, **ids)
+        own = f"{ids[id_name]}_s{ids['seed']}"
+        runs = {own: (ids, io)} | {f"{n}_s{s}": ({id_name: n, "seed": s}, default_io(mod, {id_name: n, "seed": s}))
+                                   for n, s in run_list(p, stage)}
+        keys = {run: run_key(mod, p, i, o) for run, (i, o) in runs.items()}
+        root = SCRATCH / stage
+        pending = [run for run, (i, o) in runs.items() if not (root / keys[run] / "done").is_file()
+                   and (run == own or certainly_stale(keys[run], o))]
+        if pending == [own]:  # alone: in this process, as by hand (a second process would only cost its start-up)
+            mod.main(view, io, **ids)
+            write_json(io.metrics, {**read_json(io.metrics), "run_key": keys[own]})
+            return
+        jobs = []
+        for run in pending:
+            i, entry = runs[run][0], root / keys[run]
+            shutil.rmtree(entry, ignore_errors=True)  # a run killed half way starts over
+            entry.mkdir(parents=True)
+            cmd = [sys.executable, "-m", f"stages.{stage}", f"--{id_name}", i[id_name], "--seed", str(i["seed"]),
+                   *sets, *(["--params", str(params_path)] if params_path else []),
+                   "--out-dir", str(entry / "out"), "--metrics", str(entry / "metrics.json")]
+            jobs.append((run, cmd, entry))
+        if jobs:
+            print(f"{stage}: training {', '.join(r for r, *_ in jobs)} on cpu, {min(width, len(jobs))} at a time, "
+                  f"{p.compute.run_threads} thread(s) each; each result waits in {root}/<key> for its own stage",
+                  flush=True)
+            with tempfile.TemporaryDirectory(prefix=f"{stage}_runs_") as tmp:
+                run_all(stage, jobs, width, Path(tmp))
+        else:
+            print(f"{stage}: {own} was trained beside an earlier run of the track; installing it", flush=True)
+        install(keys[own], root / keys[own], io)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{stage}: terminated"))  # so its runs are stopped too
+    run_stage(main, mod.__doc__, mod.READS, mod.PATHS, mod.IDS, argv=argv, name=stage)

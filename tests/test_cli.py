@@ -1,0 +1,57 @@
+"""`speedrun`: one Typer command per DVC stage, in DAG order, each the cmd of its dvc.yaml stage; a stage's --help lists
+the params.yaml keys it reads by section; run by hand, a stage leaves the git-tracked reports alone."""
+import json
+import re
+
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO
+from speedrun import cli
+
+runner = CliRunner()
+
+
+def test_help_lists_every_stage_of_the_dag_in_order_one_line_each():
+    res = runner.invoke(cli.app, ["--help"])
+    assert res.exit_code == 0, res.output
+    listed = [m.group(1) for m in re.finditer(r"^  (\w+)\s{2,}\S", res.output, re.M)]
+    assert listed == list(cli.STAGES)
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert {name for name in stages} == set(cli.STAGES)  # every DVC stage is a command, and no command is extra
+    for name, spec in stages.items():
+        assert spec.get("do", spec)["cmd"].split()[:2] == ["speedrun", name], spec
+    assert all(cli.summary(name) and len(cli.summary(name)) < 200 for name in cli.STAGES)
+
+
+def test_a_stage_help_lists_its_keys_by_section_with_value_and_help(monkeypatch):
+    monkeypatch.chdir(REPO)
+    res = runner.invoke(cli.app, ["task_grpo", "--help"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "--arm" in out and "-S, --set KEY=VALUE" in out and "--out-dir" in out
+    assert "  [task.train]\n    task.train.steps = " in out and "  [compute]\n" in out
+    assert max(map(len, out.splitlines())) <= 120  # wrapped, however long a value or help is
+
+
+def test_a_usage_error_names_the_option_and_exits_2(monkeypatch):
+    monkeypatch.chdir(REPO)
+    res = runner.invoke(cli.app, ["pretrain", "--variant", "density"])
+    assert res.exit_code == 2 and "No such option: --variant" in res.output
+
+
+def test_a_stage_run_by_hand_keeps_its_tracked_report_out_of_reports(tmp_path, monkeypatch, tiny_corpus):
+    """By hand, the tokenizer's metrics go to scratch/by_hand/ unless named; under DVC (DVC_STAGE set), to reports/."""
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    args = ["tokenizer", "--corpus-dir", str(tiny_corpus / "corpus"), "--out-dir", "tok", "--tokens-dir", "tokens",
+            "-S", "tokenizer.vocab_size=300"]
+    res = runner.invoke(cli.app, args)
+    assert res.exit_code == 0, res.output
+    assert "by hand: --metrics scratch/by_hand/reports/metrics/tokenizer.json" in res.output
+    assert json.loads((tmp_path / "scratch/by_hand/reports/metrics/tokenizer.json").read_text())["vocab_size"] == 300
+    assert not (tmp_path / "reports").exists()
+    monkeypatch.setenv("DVC_STAGE", "tokenizer")
+    assert runner.invoke(cli.app, args).exit_code == 0
+    assert (tmp_path / "reports/metrics/tokenizer.json").is_file()
