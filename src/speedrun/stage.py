@@ -20,6 +20,7 @@ import typer
 from speedrun import params as params_lib
 from speedrun.common import keep_freed_memory
 from speedrun.params import Params
+from speedrun.typer_app import new_app, run_app
 
 # a run id names an entry of one of these sections
 ID_SECTIONS = {"variant": "grpo.variants", "arm": "task.variants", "cycle": "adversarial.cycles"}
@@ -122,20 +123,9 @@ def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...]
     """Run one stage's command line (argv, default sys.argv[1:]); `--help` adds the params.yaml keys it reads."""
     argv = sys.argv[1:] if argv is None else list(argv)
     name = name or (main.__module__.rsplit(".", 1)[-1])
-    app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
-    command = stage_command(main, reads, paths, ids)
-    settings = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
-    app.command(name=name, help=doc, context_settings=settings)(command)
-    cmd = typer.main.get_command(app)
-    try:
-        code = cmd.main(argv, prog_name=f"speedrun {name}", standalone_mode=False)
-    except (typer.Exit, typer.Abort) as e:
-        code = getattr(e, "exit_code", 1)
-    except typer.exceptions.TyperException as e:  # a usage error: Typer's own message, as a command line shows it
-        e.show()
-        sys.exit(getattr(e, "exit_code", 2))
-    if code:
-        sys.exit(code)
+    app = new_app()
+    app.command(name=name, help=doc)(stage_command(main, reads, paths, ids))
+    run_app(app, argv, f"speedrun {name}")
     if "-h" in argv or "--help" in argv:
         try:
             p = params_lib.load(None)
