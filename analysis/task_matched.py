@@ -102,27 +102,27 @@ def main(answers: str = typer.Argument(..., help="an experiment's answers.parque
     extra_df = extra_df[extra_df.model.isin(runs) & (extra_df.temperature != arm_t)]  # the runs' other temperatures
     both = pd.concat([base[base.model.isin(runs) & (base.temperature == arm_t)], extra_df], ignore_index=True)
     temps = sorted(float(t) for t in both.temperature.unique())
-    sft = [per_item(g, K) for _, g in base[base.model == "task_sft"].groupby("temperature")]
-    curves: dict[str, list[list[pd.DataFrame]]] = {}
+    sft = {float(t): per_item(g, K) for t, g in base[base.model == "task_sft"].groupby("temperature")}
+    curves: dict[str, list[dict[float, pd.DataFrame]]] = {}
     for m, g in both.groupby("model", sort=True):
-        by_t = {t: per_item(x, K) for t, x in g.groupby("temperature")}
-        curves.setdefault(m.rsplit("_s", 1)[0], []).append([by_t[t] for t in temps])
-    draws = item_draws(len(sft[0]), n_boot, 0, "task_matched")
-    t_index = temps.index(arm_t)
-    print(f"{answers}: {len(sft[0])} held-out items, runs at temperatures {temps}")
+        by_t = {float(t): per_item(x, K) for t, x in g.groupby("temperature")}
+        curves.setdefault(m.rsplit("_s", 1)[0], []).append(by_t)
+    n_items = len(next(iter(sft.values())))
+    draws = item_draws(n_items, n_boot, 0, "task_matched")
+    print(f"{answers}: {n_items} held-out items, runs at temperatures {temps}")
     for arm, cs in curves.items():
-        pts = np.array([[(column_mean(t, draws[0], "pass@1"), column_mean(t, draws[0], "coverage")) for t in c]
-                        for c in cs])
+        pts = np.array([[(column_mean(c[t], draws[0], "pass@1"), column_mean(c[t], draws[0], "coverage"))
+                         for t in temps] for c in cs])
         mono = int(sum(bool(np.all(np.diff(p[:, 0]) < 0)) for p in pts))
         print(f"  {arm}: {len(cs)} runs; mean (pass@1, coverage@16) by temperature: " + ", ".join(
             f"T {t}: ({pts[:, i, 0].mean():.3f}, {pts[:, i, 1].mean():.2f})" for i, t in enumerate(temps))
               + f"; pass@1 falls with T in {mono} of {len(cs)} runs")
     for comp in comparisons:
         a, b = comp.split(":")
-        gaps = {x: gap_draws(sft, [c[t_index] for c in curves[x]], draws) for x in (a, b)}
+        gaps = {x: gap_draws(sft, [c[arm_t] for c in curves[x]], draws) for x in (a, b)}
         here = -float(gaps[b][0].mean())
         collapse = collapse_at or here
-        matched, extended = matched_draws({a: curves[a], b: curves[b]}, b, t_index, draws)
+        matched, extended = matched_draws({a: curves[a], b: curves[b]}, b, arm_t, draws)
         print(f"{comp} ({b}'s collapse below the SFT frontier here {here:.3f}; the MDE read against {collapse:.3f}):")
         report("frontier gap (the registered primary)", gaps[a], gaps[b], collapse, ms, paired)
         report(f"coverage at {b}'s pass@1 (each run's own curve; {extended:.1%} of readings extended)",

@@ -21,16 +21,17 @@ from speedrun.eval.stats import mde, pooled_delta
 from speedrun.eval.task_track import gap_draws, item_draws, per_item
 
 
-def arm_tables(path: str, n_boot: int) -> tuple[list[pd.DataFrame], dict[str, list[pd.DataFrame]], list[np.ndarray]]:
+def arm_tables(path: str, n_boot: int) -> tuple[dict[float, pd.DataFrame], dict[str, list[pd.DataFrame]],
+                                                list[np.ndarray]]:
     """The task SFT model's per-item tables (one per temperature), each arm's per-run tables, shared item draws."""
     d = pd.read_parquet(path)
     k = (1, 16)
-    sft = [per_item(g, k) for _, g in d[d.model == "task_sft"].groupby("temperature")]
+    sft = {float(t): per_item(g, k) for t, g in d[d.model == "task_sft"].groupby("temperature")}
     runs = {m: per_item(g, k) for m, g in d[d.model != "task_sft"].groupby("model")}
     arms: dict[str, list[pd.DataFrame]] = {}
     for m in sorted(runs):
         arms.setdefault(m.rsplit("_s", 1)[0], []).append(runs[m])
-    return sft, arms, item_draws(len(sft[0]), n_boot, 0, "task_power")
+    return sft, arms, item_draws(len(next(iter(sft.values()))), n_boot, 0, "task_power")
 
 
 def raw_deltas(arms: dict[str, list[pd.DataFrame]], draws: list[np.ndarray], comp: str) -> None:
@@ -63,7 +64,7 @@ def main(path: str = typer.Argument(..., metavar="answers"),
     mults, news, ms = ([float(x) for x in items.split(",")], [int(x) for x in seeds.split(",")],
                        [int(x) for x in m.split(",")])
     sft, arms, draws = arm_tables(path, n_boot)
-    gaps, n = {a: gap_draws(sft, frames, draws) for a, frames in arms.items()}, len(sft[0])
+    gaps, n = {a: gap_draws(sft, frames, draws) for a, frames in arms.items()}, len(draws[0])
     print(f"{path}: {n} held-out items")
     for arm, g in gaps.items():
         total, noise = split(g)

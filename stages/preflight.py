@@ -6,16 +6,17 @@ second, naming the key; the output is the same text every time, so passing it re
 -> outs/preflight.txt"""
 from speedrun import params as params_lib
 from speedrun.common import write_text
+from speedrun.data import task
 from speedrun.stage import run_stage
 
 # dvc.yaml tracks all of params.yaml, and run_stage has checked it by the time main runs; READS: the DAG's own checks
-READS = ("adversarial.cycles",)
+READS = ("adversarial.cycles", "task.source", "task.train_clusters")
 PATHS = {"out": "outs/preflight.txt"}
 
 
 def main(p, io) -> None:
     try:
-        params_lib.dag_check(p, "params.yaml")
+        params_lib.dag_check(p, "params.yaml", task.TEMPLATES)
     except params_lib.ParamsError as e:
         raise SystemExit(f"error: {e}")
     write_text(io.out, "params.yaml checked: every key known, typed and in range; ids; cross-references\n")

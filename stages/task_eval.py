@@ -11,6 +11,7 @@ evaluation's rerun reads the models it had finished back from scratch/task_eval 
 -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
 import shutil
 
+import numpy as np
 import pandas as pd
 
 from speedrun import tokenizer as tokenizer_lib
@@ -20,14 +21,16 @@ from speedrun.eval import semantic
 from speedrun.eval.sampling import resume_file
 from speedrun.eval.task_report import manipulation, report
 from speedrun.eval.task_compare import compare_arms
-from speedrun.eval.task_track import frontier_gaps, pass_k_values, sample_answers, summary
+from speedrun.eval.envelope import dominated
+from speedrun.eval.task_track import (BLIND_MARGIN, BLIND_RATIO, blind_baseline, frontier_gaps, pass_k_values,
+                                      sample_answers, summary)
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model
 
 READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
-         "task.train.temperature", "task.eval")
+         "task.train_clusters", "task.train.temperature", "task.eval")
 PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
          "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo",
          "rm_metrics": "reports/metrics/task_rm.json", "answers":
@@ -41,7 +44,10 @@ def main(p, io) -> None:
     d = distributed.setup(pick_device(p.compute.device))
     use_shapes(p.compute.width_step, d.device)
     tok = tokenizer_lib.load(io.tokenizer_dir)
-    items = [i for i in task.load_items(io.items) if i.split == "eval"]
+    all_items = task.load_items(io.items)
+    items = [i for i in all_items if i.split == "eval"]
+    trained = set(p.task.train_clusters) or {i.cluster for i in all_items}
+    run_items = [i for i in items if i.cluster in trained]  # the runs answer the clusters they trained on
     k_values = pass_k_values(c.samples)
 
     # each finished model's answers kept in scratch until the stage ends: a killed evaluation does not sample it again
@@ -55,7 +61,8 @@ def main(p, io) -> None:
                   "stopped)", flush=True)
             return pd.read_parquet(done)
         model, _ = load_model(ckpt, d.device, tok.digest)
-        out = sample_answers(model, name, tok, items, c.samples, c.max_new_tokens, temperature, p.seed, d.device)
+        asked = items if name == "task_sft" else run_items  # the SFT model every cluster: the blind baseline's table
+        out = sample_answers(model, name, tok, asked, c.samples, c.max_new_tokens, temperature, p.seed, d.device)
         write_parquet(done, out)
         return pd.read_parquet(done)  # as a rerun reads it back: the same frame, so the same output bytes
 
@@ -69,12 +76,14 @@ def main(p, io) -> None:
     if not d.is_main:
         return
     dev = d.device
-    sft = {t: next(done) for t in c.temperatures}
+    sft_all = {t: next(done) for t in c.temperatures}
+    sft = {t: a[a["cluster"].isin(trained)].reset_index(drop=True) for t, a in sft_all.items()}
     by_t = {t: {arm: [next(done) for _ in p.task.seeds] for arm in p.task.run} for t in run_ts}
     runs = by_t[arm_t]
     curves = {arm: [{t: by_t[t][arm][i] for t in run_ts} for i in range(len(p.task.seeds))]
               for arm in p.task.run} if len(run_ts) > 1 else None
-    result = {"items": len(items), "clusters": task.cluster_sizes(items, "eval"), "samples": c.samples,
+    sizes = {k: n for k, n in task.cluster_sizes(run_items, "eval").items() if n}
+    result = {"items": len(run_items), "clusters": sizes, "samples": c.samples,
               "arm_temperature": p.task.train.temperature,
               "sft": {str(t): summary(a, k_values) for t, a in sft.items()},
               "arms": {arm: {"mean": _mean([summary(a, k_values) for a in frames]),
@@ -86,6 +95,19 @@ def main(p, io) -> None:
               "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
               "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
                            for arm in p.task.run}}
+    sft_t = arm_t if arm_t in sft else 1.0
+    result["blind"] = {"temperature": sft_t, "sft": blind_baseline(sft_all[sft_t], items),
+                       "arms": {arm: _blind_mean([blind_baseline(a, items) for a in frames])
+                                for arm, frames in runs.items()},
+                       "trained": sorted(trained)}
+    points = np.array([(t, s["all"]["pass@1"], s["all"]["coverage"]) for t, s in result["sft"].items()
+                       for t in [float(t)]])
+    result["off_envelope"] = [float(t) for t in points[dominated(points), 0]]
+    if curves:
+        result["curves"] = {arm: {str(t): {k: round(float(np.mean([summary(by_t[t][arm][i], k_values)["all"][k]
+                                                                    for i in range(len(p.task.seeds))])), 4)
+                                           for k in ("pass@1", "coverage")} for t in sorted(run_ts)}
+                            for arm in p.task.run}
     result["semantic"] = semantic_diversity(sft, runs, dev)
     if any(i.text for i in items):  # hub items (GSM8K): the report says what the task is
         result["source"] = "gsm8k"
@@ -98,8 +120,8 @@ def main(p, io) -> None:
         task_kind = read_json(io.rm_metrics)["by_kind"].get("task")
         result["rm"] = task_kind and {k: task_kind[k] for k in ("pairs", "acc", "margin", "baseline_acc",
                                                                  "sft_logprob_acc")}
-    write_parquet(io.answers, pd.concat([*sft.values(), *(f for t in run_ts for fs in by_t[t].values() for f in fs)],
-                                        ignore_index=True))
+    run_frames = (f for t in run_ts for fs in by_t[t].values() for f in fs)
+    write_parquet(io.answers, pd.concat([*sft_all.values(), *run_frames], ignore_index=True))
     write_json(io.metrics, result)
     text = report(result)
     write_text(io.report, text)
@@ -117,6 +139,18 @@ def semantic_diversity(sft: dict[float, pd.DataFrame], runs: dict[str, list[pd.D
     return {"control": semantic.temperature_control({float(t): v["all"] for t, v in by_t.items()}), "sft": by_t,
             "arms": {arm: {"mean": {k: round(sum(r[k] for r in rs) / len(rs), 5) for k in rs[0]}, "runs": rs}
                      for arm, rs in arms.items()}}
+
+
+def _blind_mean(tables: list[dict]) -> dict:
+    """blind_baseline's per-cluster figures averaged over an arm's runs (reads_prompt: on the means)."""
+    out = {}
+    for c in tables[0]:
+        p1 = float(np.mean([t[c]["pass@1"] for t in tables]))
+        blind = [t[c]["blind"] for t in tables if t[c]["blind"] is not None]
+        b = float(np.mean(blind)) if blind else None
+        out[c] = {"pass@1": round(p1, 4), "blind": b if b is None else round(b, 4),
+                  "reads_prompt": b is not None and p1 >= BLIND_RATIO * b and p1 >= b + BLIND_MARGIN}
+    return out
 
 
 def _mean(summaries: list[dict]) -> dict:

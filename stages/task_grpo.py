@@ -13,9 +13,10 @@ from speedrun.data import task
 from speedrun.engine import completion_texts
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.controls import shuffle_within_groups
-from speedrun.rl.density import group_shares, neighbour_purity, word_embeddings
+from speedrun.data.paraphrases import PARAPHRASES, nearest_share
+from speedrun.rl.density import group_shares, neighbour_purity
 from speedrun.rl.grpo import require_reward_signal
-from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
+from speedrun.rl.prompts import load_prompts, pool_subset, prompt_embeddings, sampling_weights
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train, log_means
 from speedrun.rl.run import PromptDraws, finish_run, start_run
@@ -25,7 +26,7 @@ from speedrun.train.checkpoint import load_model
 
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "compute.run_threads",
-         "task.train", "task.density", "task.variants.{arm}")
+         "task.train", "task.train_clusters", "task.density", "task.variants.{arm}")
 PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/tokenizer",
          "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
          "metrics": "reports/metrics/task_grpo/{arm}_s{seed}.json"}
@@ -43,12 +44,41 @@ def load_task_rm(rm_dir, device: str) -> RewardModel:
     return rm
 
 
+def trained_clusters(df: pd.DataFrame, ids: list[list[int]], by_id: dict, clusters: list[str]
+                     ) -> tuple[pd.DataFrame, list[list[int]]]:
+    """The train items of task.train_clusters ([] = all), refused when a named cluster has none."""
+    if not clusters:
+        return df, ids
+    have = {by_id[pid].cluster for pid in df["prompt_id"]}
+    missing = [c for c in clusters if c not in have]
+    if missing:
+        raise SystemExit(f"task.train_clusters: no train item in {missing} (the items have {sorted(have)})")
+    keep = [k for k, pid in enumerate(df["prompt_id"]) if by_id[pid].cluster in clusters]
+    return df.iloc[keep].reset_index(drop=True), [ids[k] for k in keep]
+
+
+def embedding_checks(density, model, tok, ids: list[list[int]], texts: list[str], groups: list[str], dev: str) -> dict:
+    """How the density embedding places the train prompts: the share of each prompt's k nearest in its own cluster
+    (text_neighbour_purity), and the share of the hand-written paraphrases of the trained clusters whose nearest
+    train prompt is in their cluster (paraphrase_purity: by meaning, not by template words; data/paraphrases.py)."""
+    paras = [(c, t) for c, ts in PARAPHRASES.items() if c in set(groups) for t in ts]
+    para_ids = [tok.render_prompt([{"role": "user", "content": t}]) for _, t in paras]
+    emb = prompt_embeddings(density.embedding, model, ids + para_ids, texts + [t for _, t in paras], dev).cpu()
+    emb = emb.to_dense() if emb.layout == torch.sparse_csr else emb  # words / names: rows are sliced below
+    train = emb[:len(ids)]
+    return {"embedding": density.embedding,
+            "text_neighbour_purity": round(neighbour_purity(train, groups, density.k), 4),
+            "paraphrase_purity": round(nearest_share(train, emb[len(ids):], groups, [c for c, _ in paras]), 4)
+            if paras else None}
+
+
 def main(p, io, arm: str, seed: int) -> None:
     v = p.task.variants[arm]
     d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, 0.0)
     dev = d.device
-    df, ids = pool_subset(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), cfg.pool)
     by_id = {i.item_id: i for i in task.load_items(io.items)}
+    df, ids = trained_clusters(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), by_id, p.task.train_clusters)
+    df, ids = pool_subset(df, ids, cfg.pool)
     items = [by_id[pid] for pid in df["prompt_id"]]
     policy, _ = load_model(io.sft_dir, dev, tok.digest)
     ref, _ = load_model(io.sft_dir, dev, tok.digest)
@@ -87,7 +117,7 @@ def main(p, io, arm: str, seed: int) -> None:
          "cluster_share_weights": {g: round(x, 4) for g, x in group_shares(weights, groups).items()},
          "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draw.counts.double() / draw.counts.sum(),
                                                                           groups).items()},
-         "text_neighbour_purity": round(neighbour_purity(word_embeddings(texts), groups, p.task.density.k), 4),
+         **(embedding_checks(p.task.density, ref, tok, ids, texts, groups, dev) if v.sampling == "density" else {}),
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}
     finish_run(io, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "arm": arm, "seed": seed,

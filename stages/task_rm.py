@@ -9,7 +9,7 @@ from speedrun.stage import run_stage
 from speedrun.train import distributed
 from speedrun.train.checkpoint import context_length
 
-READS = ("seed", "compute", "task.rm")
+READS = ("compute", "task.rm", "task.sft.seed")
 PATHS = {"pairs": ["data/task/pairs.parquet"], "init_dir": "outs/task_sft", "tokenizer_dir": "outs/tokenizer",
          "scratch_dir": "scratch/task_rm", "out_dir": "outs/task_rm", "metrics": "reports/metrics/task_rm.json"}
 
@@ -21,8 +21,8 @@ def main(p, io) -> None:
                               monitor="val_loss", max_len=context_length(p.task.rm.max_len, io.init_dir,
                                                                          key="task.rm.max_len"))
     inputs = files_digest(*io.pairs, io.init_dir / "model.pt", io.tokenizer_dir)
-    train_reward_model(io.pairs, io.init_dir, io.tokenizer_dir, cfg, p.seed, d, io.scratch_dir, io.out_dir, io.metrics,
-                       fingerprint=f"task_rm|{p.digest()}|{inputs}")
+    train_reward_model(io.pairs, io.init_dir, io.tokenizer_dir, cfg, p.task.sft.seed, d, io.scratch_dir, io.out_dir,
+                       io.metrics, fingerprint=f"task_rm|{p.digest()}|{inputs}")
     distributed.teardown()
 
 

@@ -13,7 +13,7 @@ from speedrun.train.checkpoint import context_length, load_model, save_model
 from speedrun.train.loop import train
 from speedrun.train.outputs import throughput, write_logs
 
-READS = ("seed", "compute", "task.sft", "task.eval.samples", "task.eval.max_new_tokens")
+READS = ("compute", "task.sft", "task.eval.samples", "task.eval.max_new_tokens")
 PATHS = {"init_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer", "items": "data/task/items.parquet",
          "scratch_dir": "scratch/task_sft", "out_dir": "outs/task_sft", "metrics": "reports/metrics/task_sft.json"}
 
@@ -24,15 +24,15 @@ def main(p, io) -> None:
     c = dataclasses.replace(p.task.sft, max_len=context_length(p.task.sft.max_len, io.init_dir, key="task.sft.max_len"))
     tok = tokenizer_lib.load(io.tokenizer_dir)
     items = task.load_items(io.items)
-    convs = {s: task.conversations(items, s, c.per_item, p.seed) for s in ("train", "val")}
+    convs = {s: task.conversations(items, s, c.per_item, c.seed) for s in ("train", "val")}
     rendered = {s: [tok.render_conversation(conv) for conv in cs] for s, cs in convs.items()}
     val = rendered["val"][:c.eval_convs]
-    seed_everything(p.seed)
+    seed_everything(c.seed)
     model, _ = load_model(io.init_dir, d.device, tok.digest)
     model.train()
     cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device), compile=p.compute.compile,
                               monitor="val_loss")
-    sampler = data.StepSampler(len(rendered["train"]), c.batch_size, c.micro_batch, p.seed, "task_sft")
+    sampler = data.StepSampler(len(rendered["train"]), c.batch_size, c.micro_batch, c.seed, "task_sft")
     if d.is_main:
         print(f"task_sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations, {d.world} "
               f"process(es) on {d.device} in {'bf16' if cfg.bf16 else 'fp32'}")
@@ -44,7 +44,7 @@ def main(p, io) -> None:
         model.load_state_dict(result.best_state)
         val_items = [i for i in items if i.split == "val"]
         answers = sample_answers(model, "task_sft", tok, val_items, p.task.eval.samples, p.task.eval.max_new_tokens,
-                                 1.0, p.seed, d.device)
+                                 1.0, c.seed, d.device)
         s = summary(answers, (1,))["all"]
         m = {"val_loss": round(result.best_eval["val_loss"], 5), "val_loss_before": round(result.evals[0]["val_loss"],
                                                                                           5),

@@ -33,7 +33,8 @@ def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
     stage = STAGES[name].get("do", STAGES[name])
     reads = reads_of(STAGES[name])
     if name == "preflight":  # the one stage that tracks the whole file, keys no stage reads included
-        assert stage["params"] == [{"params.yaml": None}] and reads == ["adversarial.cycles"]  # the DAG's checks
+        assert stage["params"] == [{"params.yaml": None}]  # the DAG's checks read:
+        assert reads == ["adversarial.cycles", "task.source", "task.train_clusters"]
         return
     assert sorted(stage["params"]) == sorted(reads)
 
@@ -81,12 +82,24 @@ def test_the_committed_params_load_and_every_knob_has_help():
                                           "grpo.run"),
     ("task.eval.comparisons=['density:density']", "task.eval.comparisons[0]: 'density:density' must be 'a:b'"),
     ("task.run=[checker, nope]", "task.run[1]: 'nope' is not one of task.variants"),
-    ("task.eval.primary=matched", "task.eval.primary: matched reads each run on its own temperature curve"),
     ("task.eval.run_temperatures=[0.75]", "task.eval.run_temperatures: must include task.train.temperature (1)"),
 ])
 def test_a_bad_override_names_its_key(override, message):
     with pytest.raises(params.ParamsError, match=re.escape(message)):
         params.load(REPO / "params.yaml", [override])
+
+
+def test_preflight_refuses_a_trained_cluster_the_task_does_not_have():
+    from speedrun.data.task import TEMPLATES
+    p = params.load(REPO / "params.yaml", ["task.train_clusters=[numbers, evns]"])
+    with pytest.raises(params.ParamsError, match=re.escape("task.train_clusters[1]: 'evns' is not a cluster")):
+        params.dag_check(p, "params.yaml", TEMPLATES)
+    params.dag_check(params.load(REPO / "params.yaml"), "params.yaml", TEMPLATES)
+
+
+def test_the_matched_primary_needs_run_temperatures():
+    with pytest.raises(params.ParamsError, match="task.eval.primary: matched reads each run on its own temperature"):
+        params.load(REPO / "params.yaml", ["task.eval.primary=matched", "task.eval.run_temperatures=[1.0]"])
 
 
 def test_a_list_knob_is_one_dvc_experiment_and_a_comma_string_a_sweep():

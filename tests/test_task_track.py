@@ -8,8 +8,10 @@ import torch
 from speedrun.data import task
 from speedrun.eval.task_report import manipulation, tv
 from speedrun.eval.task_compare import compare_arms
-from speedrun.eval.task_track import (at_pass1, column_mean, entropy_bits, frontier_at, frontier_gaps, gap_draws,
-                                      item_draws, per_item, summary)
+from speedrun.eval.envelope import dominated, envelope_at, pchip
+from speedrun.eval.task_report import collapse_verdict
+from speedrun.eval.task_track import (blind_baseline, column_mean, entropy_bits, frontier_gaps, gap_draws, item_draws,
+                                      per_item, summary)
 from speedrun.rl.controls import shuffle_within_groups
 from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, word_embeddings
 
@@ -136,30 +138,86 @@ def test_per_item_metrics_pass_coverage_and_entropy():
     assert s["all"]["coverage"] == 1.0 and s["all"]["top_phrasing_share"] == 0.625 and s["top_phrasing"] == "no"
 
 
-def test_frontier_check_calls_collapse_below_and_not_along_the_frontier():
-    """Positive control: an arm right as often as SFT at T=1 but always with the same answer lies below the frontier.
-    Negative control: an arm that is the SFT model at another temperature lies on it."""
+def test_frontier_check_puts_arms_below_and_not_along_the_envelope():
+    """Positive control: an arm right as often as SFT at T=1 but always with the same answer lies below the envelope.
+    Negative control: an arm that is the SFT model at another temperature lies on it. Neither is called collapsed
+    without a shuffled-reward arm."""
     sft = {0.5: planted("sft", 60, 0.8, 3, 1), 1.0: planted("sft", 60, 0.5, 6, 2)}
     collapsed = [planted(f"c{s}", 60, 0.5, 1, 10 + s) for s in range(3)]
     along = [planted(f"a{s}", 60, 0.5, 6, 20 + s) for s in range(3)]
     g = frontier_gaps(sft, {"collapsed": collapsed, "along": along}, 200, 0, (1, 8))
-    assert g["collapsed"]["collapsed"] and g["collapsed"]["gap"] < -1
-    assert not g["along"]["collapsed"] and g["along"]["ci_low"] < 0 < g["along"]["ci_high"]
-    assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.4) == pytest.approx(2.0)
-    assert frontier_at(np.array([[0.2, 3.0], [0.6, 1.0]]), 0.9) == 1.0  # beyond the end: the end
+    assert g["collapsed"]["below"] and g["collapsed"]["gap"] < -1 and not g["collapsed"]["collapsed"]
+    assert not g["along"]["below"] and g["along"]["ci_low"] < 0 < g["along"]["ci_high"]
+    assert "No shuffled-reward arm" in collapse_verdict(g)
+
+
+def test_envelope_drops_dominated_temperatures_and_bends_with_the_curve():
+    """A hot temperature worse on both axes than T=1 is off the envelope: an arm below its pass@1 is read against
+    T=1's coverage, not the chord down to it. Between points the curve is a monotone cubic in temperature (scipy's
+    PCHIP values), which lies above the chord of a concave curve; above the top pass@1 the reading is flagged."""
+    pts = np.array([[0.25, 0.50, 1.8], [0.5, 0.46, 2.8], [1.0, 0.40, 3.3], [1.5, 0.26, 2.7]])
+    assert dominated(pts).tolist() == [False, False, False, True]
+    value, outside = envelope_at(pts, np.array([0.30, 0.55]))
+    assert value[0] == pytest.approx(3.3, abs=1e-9) and outside.tolist() == [False, True] and value[1] == 1.8
+    chord = np.interp(0.43, [0.40, 0.46], [3.3, 2.8])
+    assert envelope_at(pts, np.array([0.43]))[0][0] > chord
+    extended, flag = envelope_at(pts, np.array([0.54]), extend=True)
+    assert flag[0] and extended[0] == pytest.approx(1.8 + (1.8 - 2.8) / (0.50 - 0.46) * 0.04)
+    from scipy.interpolate import PchipInterpolator
+    x, y = np.array([0.1, 0.3, 0.7, 1.0, 1.6]), np.array([0.5, 1.9, 3.2, 3.3, 2.1])
+    xs = np.linspace(0.1, 1.6, 41)
+    assert np.allclose(pchip(x, y, xs), PchipInterpolator(x, y)(xs))
+
+
+def test_collapse_by_the_reward_is_called_only_beyond_the_shuffled_control():
+    """Planted: the shuffled control's own interval includes 0 (its seeds disagree) and an arm lies below the envelope
+    by about as much as the control's mean: the difference's interval includes 0, so it is not called, though the
+    control "stays on" the envelope. An arm that always gives one answer is far beyond the control: called."""
+    sft = {0.5: planted("sft", 60, 0.8, 3, 1), 1.0: planted("sft", 60, 0.5, 6, 2)}
+    control = [planted(f"s{s}", 60, 0.5, sp, 30 + s) for s, sp in enumerate((6, 2, 6, 2))]
+    drift = [planted(f"d{s}", 60, 0.5, sp, 40 + s) for s, sp in enumerate((4, 3, 4, 3))]
+    narrow = [planted(f"n{s}", 60, 0.5, 1, 50 + s) for s in range(4)]
+    g = frontier_gaps(sft, {"shuffled": control, "drift": drift, "narrow": narrow}, 300, 0, (1, 8))
+    assert g["shuffled"]["ci_low"] < 0 < g["shuffled"]["ci_high"]  # the control's own interval includes 0
+    assert g["drift"]["below"]  # the arm's own gap excludes 0 ...
+    d = g["drift"]["minus_control"]
+    assert d["ci_low"] < 0 < d["ci_high"] and not g["drift"]["collapsed"]  # ... but not its difference: no call
+    assert g["narrow"]["collapsed"] and g["narrow"]["minus_control"]["ci_high"] < 0
+    called = collapse_verdict(g).split("**Collapsed by the reward**")[1]
+    assert "narrow" in called and "drift" not in called
+
+
+def test_blind_baseline_tells_a_model_that_reads_the_bounds_from_one_that_does_not(items):
+    """Planted answers on real items: a model that answers inside each item's own bounds reads its prompt; one that
+    gives the cluster's usual values whatever the bounds scores about its blind baseline and does not."""
+    held = [i for i in items if i.cluster in ("numbers", "months")]
+    rng = np.random.default_rng(0)
+    reads, blind = [], []
+    for i in held:
+        for j in range(8):
+            reads.append({"item_id": i.item_id, "cluster": i.cluster, "text": f"`{i.answers[j % len(i.answers)]}`"})
+            usual = ("January", "June") if i.cluster == "months" else ("12", "30")
+            blind.append({"item_id": i.item_id, "cluster": i.cluster, "text": f"`{usual[int(rng.integers(2))]}`"})
+    r, b = blind_baseline(pd.DataFrame(reads), held), blind_baseline(pd.DataFrame(blind), held)
+    assert r["numbers"]["pass@1"] == 1.0 and r["numbers"]["reads_prompt"] and r["months"]["reads_prompt"]
+    assert r["numbers"]["blind"] < 0.2
+    assert not b["numbers"]["reads_prompt"] and not b["months"]["reads_prompt"]
+    assert abs(b["numbers"]["pass@1"] - b["numbers"]["blind"]) < 0.05
 
 
 def test_gap_draws_read_each_draw_as_the_tables_column_means():
-    """The bootstrap reads columns out of pandas once: each draw's gap is still coverage minus the frontier at pass@1,
+    """The bootstrap reads columns out of pandas once: each draw's gap is still coverage minus the envelope at pass@1,
     from the per-item tables' means over that draw's rows."""
-    sft = [per_item(planted("sft", 30, p, k, s), (1,)) for p, k, s in ((0.8, 3, 1), (0.5, 6, 2))]
+    sft = {t: per_item(planted("sft", 30, p, k, s), (1,)) for t, p, k, s in ((0.5, 0.8, 3, 1), (1.0, 0.5, 6, 2))}
     runs = [per_item(planted(f"r{s}", 30, 0.6, 2, 5 + s), (1,)) for s in range(2)]
     draws = item_draws(30, 5, 0, "test")
     got = gap_draws(sft, runs, draws)
     for d, rows in enumerate(draws):
-        front = np.array([(column_mean(t, rows, "pass@1"), column_mean(t, rows, "coverage")) for t in sft])
-        want = [column_mean(t, rows, "coverage") - frontier_at(front, column_mean(t, rows, "pass@1")) for t in runs]
-        assert got[d].tolist() == want
+        front = np.array([(t, column_mean(x, rows, "pass@1"), column_mean(x, rows, "coverage"))
+                          for t, x in sft.items()])
+        want = [column_mean(t, rows, "coverage") - envelope_at(front, column_mean(t, rows, "pass@1"))[0][0]
+                for t in runs]
+        assert got[d] == pytest.approx(want, abs=1e-12)
 
 
 def test_manipulation_check_needs_moved_weights_and_draws_beyond_seed_spread():
@@ -212,6 +270,9 @@ def test_arm_comparison_calls_a_coverage_difference_and_not_a_null():
     assert set(pos["clusters"]) == {"letters", "numbers"} and pos["clusters"]["letters"]["value"] > 0
     assert pos["gap"]["collapse"] > 0 and pos["gap"]["mde"] > 0 and pos["gap"]["seeds_needed"] is not None
     assert pos["pass@1"]["gain"] == pytest.approx(0.6 - 0.5, abs=0.1) and pos["pass@1"]["verdict"] == "non-inferior"
+    assert pos["same_temperature"]["value"] > 1 and "matched" not in pos  # no run curves: no equal-pass@1 reading
+    assert pos["range"]["readings"].keys() == {"gap", "same_temperature"}
+    assert pos["range"]["low"] == min(pos["gap"]["value"], pos["same_temperature"]["value"])
 
 
 def test_matched_reading_compares_arms_at_equal_pass1_on_their_own_curves():
@@ -245,8 +306,9 @@ def test_matched_reading_compares_arms_at_equal_pass1_on_their_own_curves():
     assert not at_a["cooler:uniform"]["matched"]["called"] and at_a["narrow:uniform"]["matched"]["called"]
     assert at_a["cooler:uniform"]["matched"]["value"] != neg["matched"]["value"]  # another reading point
     assert at_a["cooler:uniform"]["pass@1"] == neg["pass@1"]  # the margin is still the control's gain
-    assert at_pass1(np.array([[0.6, 2.0], [0.4, 4.0]]), 0.5) == (pytest.approx(3.0), False)
-    assert at_pass1(np.array([[0.6, 2.0], [0.4, 4.0]]), 0.7) == (pytest.approx(1.0), True)  # extended, flagged
+    assert neg["matched_other"]["at"] == "treatment" and neg["matched_other"]["value"] == at_a["cooler:uniform"][
+        "matched"]["value"]  # both reading points are in every result, one of them the primary
+    assert set(neg["range"]["readings"]) == {"gap", "same_temperature", "matched", "matched_other"}
     with pytest.raises(ValueError, match="run_temperatures"):
         compare_arms(sft, arms, ["narrow:uniform"], 20, 0, (1, 8), 0.5, 0.3, primary="matched")
 

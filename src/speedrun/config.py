@@ -246,10 +246,11 @@ class DensityConfig:
     k: int = knob("neighbours for the density estimate", ge=1)
     alpha: float = knob("weight ∝ distance^alpha (0 = uniform)", ge=0)
     max_ratio: float = knob("max/min weight ratio after clipping", ge=1)
-    embedding: Literal["words", "names", "sft_idf", "sft_mean"] = knob(
-        "words: tf-idf of the prompt's words and word pairs (text only) | names: the module/class path of the object "
-        "a prompt asks about (metadata: prompts of one module are neighbours) | sft_idf: idf-weighted mean of the "
-        "SFT hidden states | sft_mean: their plain mean")
+    embedding: Literal["words", "names", "minilm", "minilm_kind", "sft_idf", "sft_mean"] = knob(
+        "words: tf-idf of the prompt's words and word pairs (lexical: text only) | names: the module/class path of the "
+        "object a prompt asks about (metadata: prompts of one module are neighbours) | minilm: a sentence encoder's "
+        "embedding of the prompt (all-MiniLM-L6-v2: by meaning) | minilm_kind: that beside the embedding of the prompt "
+        "with its operands masked | sft_idf: idf-weighted mean of the SFT hidden states | sft_mean: their plain mean")
 
 
 @dataclass(frozen=True)

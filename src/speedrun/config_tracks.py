@@ -16,6 +16,8 @@ class TaskSFTConfig(TrainConfig):
     batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
     eval_convs: int = knob("val conversations per evaluation", ge=1)
+    seed: int = knob("the task SFT model's seed (its conversations, data order and val answers) and its reward "
+                     "model's (task_rm): an upstream seed of every task arm")
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class TaskSection:
                                "the task reward model; eval items have none", ge=1)
     sft: TaskSFTConfig = knob("the task stage after chat SFT")
     rm: RMConfig = knob("the task reward model: the task SFT trunk on the task pairs (the rm arm's proxy reward)")
+    train_clusters: list[str] = knob("the clusters GRPO trains on and task_eval compares the arms on (the task SFT "
+                                     "model must read its prompt there: reports/task.md's blind baseline); [] = every "
+                                     "cluster")
     seeds: list[int] = knob("GRPO training seeds of every task arm")
     run: list[str] = knob("the task arms this run trains and evaluates")
     variants: dict[str, TaskVariant] = knob("every task arm's definition: same task SFT model and budget")

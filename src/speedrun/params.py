@@ -146,9 +146,15 @@ def cross_check(p: Params, where: str) -> None:
               "task.eval.run_temperatures temperatures besides task.train.temperature")
 
 
-def dag_check(p: Params | StageView, where: str) -> None:
+def dag_check(p: Params | StageView, where: str, clusters: typing.Iterable[str] = ()) -> None:
     """The checks of the DAG's own run (stage preflight), not of a stage run by hand on files of the user's: a path
-    knob that is a dvc.yaml dep lies inside the workspace, or DVC could not see it change."""
+    knob that is a dvc.yaml dep lies inside the workspace, or DVC could not see it change; with the generated task's
+    `clusters`, every task.train_clusters name is one of them (a hub source's clusters come from its data)."""
+    if p.task.source == "embedded" and clusters:
+        for i, c in enumerate(p.task.train_clusters):
+            if c not in clusters:
+                _fail(where, f"task.train_clusters[{i}]", f"{cut(repr(c))} is not a cluster of the task "
+                      f"({', '.join(clusters)})")
     for name, cycle in p.adversarial.cycles.items():
         init = Path(cycle.init)
         if init.is_absolute() or ".." in init.parts or not init.parts:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from speedrun.eval.stats import MIN_RHO, spearman
 
@@ -86,3 +89,20 @@ def model_diversity(frames: dict[str, pd.DataFrame], encoder) -> dict[str, dict[
         out[name] = diversity(f, emb[start:start + len(f)])
         start += len(f)
     return out
+
+
+def sentence_embeddings(texts: Sequence[str], view: str = "text") -> torch.Tensor:
+    """float64 [N, 384 or 768] unit rows from all-MiniLM-L6-v2 (load_encoder): a prompt
+    placed by what it says, not by which words it shares. view "text": the prompt as written; "kind": that embedding
+    beside the embedding of the prompt with its operands masked (numerals -> N, backticked spans -> `x`), concatenated
+    and renormalised, so a prompt sits by the kind of question it asks as well as by its operands (measured against
+    the hand-written paraphrases of data/paraphrases.py in docs/LOG.md, 2026-11-29)."""
+    encoder = load_encoder("cpu")  # CPU: the same bits on every machine for the same prompts
+    e = embed(encoder, list(texts))
+    if view == "kind":
+        masked = [re.sub(r"`[^`\n]*`", "`x`", re.sub(r"\d+", "N", t)) for t in texts]
+        e = np.concatenate([e, embed(encoder, masked)], axis=1)
+        e = e / np.linalg.norm(e, axis=1, keepdims=True)
+    elif view != "text":
+        raise ValueError(f"sentence embedding view must be text or kind, not {view!r}")
+    return torch.from_numpy(e.astype(np.float64))

@@ -1,10 +1,15 @@
 """The task track's arm comparisons (task.eval.comparisons): does a sampling arm keep more right answers than uniform
-sampling with the same reward? Two readings, with stats.pooled_delta's interval over seeds and items: gap = Δ of the
-frontier gap (coverage beyond the task SFT model's temperature frontier at the run's own pass@1,
-task_track.gap_draws); matched = Δ coverage at equal pass@1, each run read on its own temperature curve at the control
-arm's pass@1 (task_track.matched_draws; runs sampled at several temperatures). task.eval.primary names the one that
-is Holm-corrected and called: where the SFT frontier is steep, the gap moves with an arm's pass@1 difference times
-the frontier's slope on every resample of the items; the matched reading has no frontier in the difference."""
+sampling with the same reward? Each comparison is read several ways, each with stats.pooled_delta's interval over
+seeds and items, and the effect is reported as the range over the readings, not the one that reads best:
+- gap: Δ of the frontier gap (coverage beyond the task SFT model's envelope at each run's own pass@1,
+  task_track.gap_draws);
+- same_temperature: Δ coverage at the GRPO temperature (no frontier, no interpolation; it leaves any pass@1
+  difference in);
+- matched (at task.eval.matched_at's arm's pass@1) and matched_other (at the other arm's): Δ coverage at equal pass@1,
+  each run read on its own temperature curve (task_track.matched_draws; runs sampled at task.eval.run_temperatures).
+task.eval.primary names the one that is Holm-corrected and called: where the SFT frontier is steep, the gap moves
+with an arm's pass@1 difference times the frontier's slope on every resample of the items; the matched reading has
+no frontier in the difference."""
 from __future__ import annotations
 
 import math
@@ -37,27 +42,35 @@ def compare_arms(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFra
     groups = {"all": np.arange(len(first))} | {c: np.flatnonzero(first["cluster"].to_numpy() == c)
                                                 for c in sorted(first["cluster"].unique())}
     sft1 = column_mean(tables.get(1.0, first), groups["all"], "pass@1")
+    tabs = curves and {x: [{t: per_item(a, k_values) for t, a in run.items()} for run in runs_]
+                       for x, runs_ in curves.items()}
     out = {}
     for comp in comparisons:
         a, b = comp.split(":")
         res = {"treatment": a, "control": b, "clusters": {}}
         for name, rows in groups.items():
             draws = [rows[d] for d in item_draws(len(rows), n_boot, seed, f"task_compare/{name}")]
-            ga, gb = (gap_draws(list(tables.values()), runs[x], draws) for x in (a, b))
+            ga, gb = (gap_draws(tables, runs[x], draws) for x in (a, b))
             d = _delta(ga, gb)
             if name != "all":
                 res["clusters"][name] = d
                 continue
             collapse = -float(gb[0].mean())
-            res["gap"] = _reading(d, ga[0], gb[0], collapse, len(comparisons), mde_share, seed)
-            if curves:
-                tabs = {x: [[per_item(run[t], k_values) for t in sorted(run)] for run in curves[x]] for x in (a, b)}
-                at = a if matched_at == "treatment" else b
-                ma, ext = matched_draws(tabs, at, sorted(curves[b][0]).index(arm_temperature), draws)
-                res["matched"] = _reading(_delta(ma[a], ma[b]), ma[a][0], ma[b][0], collapse, len(comparisons),
-                                          mde_share, seed) | {"extended_share": round(ext, 4), "at": matched_at}
+            m = len(comparisons)
+            res["gap"] = _reading(d, ga[0], gb[0], collapse, m, mde_share, seed)
             cols = {x: curve_columns(runs[x]) for x in (a, b)}
             pa, pb = (np.array([[float(c[0][r].mean()) for c in cols[x]] for r in draws]) for x in (a, b))
+            ca, cb = (np.array([[float(c[1][r].mean()) for c in cols[x]] for r in draws]) for x in (a, b))
+            res["same_temperature"] = _reading(_delta(ca, cb), ca[0], cb[0], collapse, m, mde_share, seed)
+            if tabs:
+                for at in (matched_at, "treatment" if matched_at == "control" else "control"):
+                    ma, ext = matched_draws({a: tabs[a], b: tabs[b]}, a if at == "treatment" else b, arm_temperature,
+                                            draws)
+                    res["matched" if at == matched_at else "matched_other"] = _reading(
+                        _delta(ma[a], ma[b]), ma[a][0], ma[b][0], collapse, m, mde_share, seed) | {
+                        "extended_share": round(ext, 4), "at": at}
+            readings = {k: res[k]["value"] for k in ("gap", "same_temperature", "matched", "matched_other") if k in res}
+            res["range"] = {"low": min(readings.values()), "high": max(readings.values()), "readings": readings}
             gain = float(pb[0].mean()) - sft1
             margin = margin_share * max(gain, 0.0)
             p1 = _delta(pa, pb)

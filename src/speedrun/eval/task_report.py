@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from itertools import combinations
 
+from speedrun.eval.task_track import BLIND_MARGIN, BLIND_RATIO
+
 TV_BAR = 0.3  # the weights must move the cluster mix at least this far from uniform
 SPREAD_FACTOR = 2.0  # realised mix between arms must differ by more than this many times the seed-to-seed spread
+PARAPHRASE_BAR = 0.8  # a meaning embedding puts this share of the paraphrases beside their own cluster
 
 
 def tv(a: dict[str, float], b: dict[str, float]) -> float:
@@ -34,32 +37,35 @@ def manipulation(metrics: dict[str, list[dict]], variants: dict[str, dict]) -> d
         mix = sum(between) / len(between)
         out[arm] = {"against": base, "weights_tv": round(w, 4), "draws_tv_between_arms": round(mix, 4),
                     "draws_tv_between_seeds": round(spread, 4), "shares_weights": ms[0]["cluster_share_weights"],
-                    "text_neighbour_purity": ms[0]["text_neighbour_purity"],
+                    "text_neighbour_purity": ms[0].get("text_neighbour_purity"),
+                    "paraphrase_purity": ms[0].get("paraphrase_purity"), "embedding": ms[0].get("embedding"),
                     "passed": bool(w >= TV_BAR and mix > SPREAD_FACTOR * spread)}
     return out
 
 
 def collapse_verdict(gaps: dict[str, dict], control: str = "shuffled") -> str:
-    """Collapse by the reward needs the negative control to stay on the frontier while the arm falls below it; with
-    the control below it too, only the difference from the control can speak for the reward."""
+    """Collapse by the reward is the part of an arm's gap below the envelope that lies beyond the shuffled-reward
+    arm's (GRPO's drift with a reward that carries no information): called only where the interval of the difference
+    excludes 0, never because the control's own interval includes 0."""
     below = [a for a, g in gaps.items() if g["ci_high"] < 0 and a != control]
     if control not in gaps:
-        return "No shuffled-reward arm ran: nothing separates collapse by the reward from drift by training alone."
+        return ("No shuffled-reward arm ran on this substrate: nothing separates collapse by the reward from drift by "
+                "training alone, so no arm is called collapsed" + (f" (below the envelope: {', '.join(below)})."
+                                                                   if below else "."))
     ctrl = gaps[control]
-    if ctrl["ci_high"] < 0:
-        beyond = [a for a in below if gaps[a].get("minus_control", {}).get("ci_high", 0) < 0]
-        return (f"**The negative control fails here**: the shuffled-reward arm also lies below the frontier "
-                f"({ctrl['gap']:+.3f} [{ctrl['ci_low']:+.3f}, {ctrl['ci_high']:+.3f}]): GRPO updates that carry no "
-                "information lower coverage at this learning rate and step count, so a gap below the frontier is "
-                "not evidence of collapse by the reward. "
-                + (f"Beyond the control's loss: {', '.join(beyond)} (interval of the difference below 0)."
-                   if beyond else "No arm loses more coverage than the control (every interval of the difference "
-                   "includes 0 or lies above it)."))
+    called = [a for a, g in gaps.items() if g.get("collapsed")]
+    lines = [f"The shuffled-reward arm (drift: GRPO updates that carry no information) lies at {ctrl['gap']:+.3f} "
+             f"[{ctrl['ci_low']:+.3f}, {ctrl['ci_high']:+.3f}]"
+             + (", below the envelope too." if ctrl["ci_high"] < 0 else ".")]
     if below:
-        return (f"**Collapsed below the frontier: {', '.join(below)}**, while the shuffled-reward arm stays on it "
-                f"({ctrl['gap']:+.3f} [{ctrl['ci_low']:+.3f}, {ctrl['ci_high']:+.3f}]).")
-    return ("No arm lies below the frontier with an interval that excludes 0: no collapse shown (at most a move "
-            "along the frontier, i.e. sharpening).")
+        lines.append(f"Below the envelope (interval under 0): {', '.join(below)}.")
+    if called:
+        lines.append(f"**Collapsed by the reward** (gap beyond the shuffled arm's, interval of the difference under "
+                     f"0): {', '.join(called)}.")
+    else:
+        lines.append("**No arm collapsed by its reward**: no arm's gap lies beyond the shuffled arm's with an "
+                     "interval of the difference under 0 (a control whose own interval includes 0 calls nothing).")
+    return " ".join(lines)
 
 
 def rm_section(r: dict) -> list[str]:
@@ -97,11 +103,6 @@ def _primary(comps: dict) -> str:
     return next(iter(comps.values())).get("primary", "gap")
 
 
-def _matched_at(comps: dict) -> str:
-    """Whose pass@1 the matched reading is taken at (the control's in results written before the choice existed)."""
-    return next(iter(comps.values()))["matched"].get("at", "control")
-
-
 def _reading(g: dict) -> str:
     """Δ [CI] | Holm p (the primary only) | permutation p | MDE (share of the collapse) | seeds for the target."""
     share = f"{g['mde']:.3f} " + (f"({g['mde'] / g['collapse']:.0%})" if g["collapse"] > 0 else "(no collapse)")
@@ -111,47 +112,111 @@ def _reading(g: dict) -> str:
             f"{g['seeds_needed'] or '> 64'}")
 
 
+READINGS = {"gap": "Δ frontier gap", "same_temperature": "Δ coverage, same temperature",
+            "matched": "Δ coverage at equal pass@1", "matched_other": "Δ coverage at equal pass@1"}
+
+
 def comparison_section(r: dict) -> list[str]:
-    """Each task.eval.comparisons pair: Δ of the frontier gap, Δ coverage at equal pass@1 where the runs were sampled
-    at several temperatures (the primary, Holm, is task.eval.primary's), per cluster, pass@1 non-inferiority."""
+    """Each task.eval.comparisons pair: the primary reading (Holm) with pass@1 non-inferiority, then every reading
+    (frontier gap, same temperature, equal pass@1 at either arm's pass@1) and the effect as their range, per cluster."""
     comps = r.get("comparisons") or {}
     if not comps:
         return []
+    primary = _primary(comps)
+    name = READINGS[primary] + (f" at the {next(iter(comps.values()))['matched']['at']} arm's pass@1"
+                                if primary == "matched" else "")
     lines = ["", "## Sampling arms against uniform (task.eval.comparisons)", "",
-             f"{'Secondary' if _primary(comps) == 'matched' else 'Primary'}: Δ of the frontier gap over all held-out "
-             "items (coverage beyond the SFT frontier at the run's own pass@1; > 0 = the treatment keeps more right "
-             "answers), Holm over the comparisons at 0.05 when it is the primary; the "
-             "interval counts seeds and items (stats.pooled_delta); MDE at 80% power and these seeds. collapse = the "
-             "uniform arm's gap below the frontier. pass@1: non-inferior when the interval's lower end lies above "
-             f"−margin, margin = {r['pass1_margin_share']:g} x the uniform arm's pass@1 gain over the SFT model at "
-             "T=1.", "",
-             "| comparison | Δ gap [95% CI] | Holm p | permutation p | MDE (of collapse) | seeds/arm for MDE ≤ "
+             f"Primary ({primary}): {name} over all held-out items (> 0 = the treatment keeps more right answers), "
+             "Holm over the comparisons at 0.05; the interval counts seeds and items (stats.pooled_delta); MDE at 80% "
+             "power and these seeds; collapse = the uniform arm's gap below the envelope. pass@1: non-inferior when "
+             f"the interval's lower end lies above −margin, margin = {r['pass1_margin_share']:g} x the uniform arm's "
+             "pass@1 gain over the SFT model at T=1.", "",
+             f"| comparison | {name} [95% CI] | Holm p | permutation p | MDE (of collapse) | seeds/arm for MDE ≤ "
              f"{r['mde_share']:.0%} | pass@1 Δ [95% CI] | margin | pass@1 |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in comps.values():
-        g, p1 = c["gap"], c["pass@1"]
-        lines.append(f"| {c['treatment']} − {c['control']} | {_reading(g)} | {_ci(p1)} | {p1['margin']:.3f} | "
-                     f"{p1['verdict']} |")
-    if any("matched" in c for c in comps.values()):
-        lines += ["", f"Coverage at equal pass@1 ({'the primary' if _primary(comps) == 'matched' else 'secondary'}):"
-                  f" each run sampled also at T = {', '.join(f'{t:g}' for t in r['run_temperatures'])} traces its own "
-                  f"pass@1-versus-coverage curve, read at the {_matched_at(comps)} arm's mean pass@1 (extended "
-                  "linearly past its ends where needed: the share of such readings is shown); Δ > 0 = the treatment "
-                  "keeps more right answers at the same pass@1.", "",
-                  "| comparison | Δ coverage at equal pass@1 [95% CI] | Holm p | permutation p | MDE (of collapse) | "
-                  f"seeds/arm for MDE ≤ {r['mde_share']:.0%} | readings extended |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for c in comps.values():
-            m = c["matched"]
-            lines.append(f"| {c['treatment']} − {c['control']} | {_reading(m)} | {m['extended_share']:.0%} |")
-    lines += ["", "Per cluster (secondary, each cluster's own frontier, unadjusted; small clusters have wide "
-              "intervals):",
-              "", "| comparison | " + " | ".join(next(iter(comps.values()))["clusters"]) + " |",
-              "|---|" + "---:|" * len(next(iter(comps.values()))["clusters"])]
+        p1 = c["pass@1"]
+        lines.append(f"| {c['treatment']} − {c['control']} | {_reading(c[primary])} | {_ci(p1)} | "
+                     f"{p1['margin']:.3f} | {p1['verdict']} |")
+    first = next(iter(comps.values()))
+    keys = [k for k in READINGS if k in first]
+    heads = [READINGS[k] + (f" at the {first[k]['at']}'s pass@1" if k.startswith("matched") else "") for k in keys]
+    lines += ["", "Every reading of the same runs (the effect is their range, not the reading that suits): the gap is "
+              "read against the SFT envelope at each run's own pass@1; the same-temperature Δ leaves any pass@1 "
+              "difference in; the equal-pass@1 readings put each run on its own temperature curve "
+              + (f"(T = {', '.join(f'{t:g}' for t in [r['arm_temperature'], *r['run_temperatures']])}; readings "
+                 "past a curve's highest pass@1 are extended linearly, share shown)" if r["run_temperatures"] else
+                 "(not read: task.eval.run_temperatures has only the GRPO temperature)") + ".", "",
+              "| comparison | " + " | ".join(heads) + " | range |", "|---|" + "---:|" * (len(keys) + 1)]
+    for c in comps.values():
+        cells = [_ci(c[k]) + (f" ({c[k]['extended_share']:.0%} ext.)" if "extended_share" in c[k] else "")
+                 for k in keys]
+        lines.append(f"| {c['treatment']} − {c['control']} | " + " | ".join(cells)
+                     + f" | {c['range']['low']:+.3f} to {c['range']['high']:+.3f} |")
+    lines += ["", "Per cluster (the frontier gap, secondary, each cluster's own envelope, unadjusted; small clusters "
+              "have wide intervals):",
+              "", "| comparison | " + " | ".join(first["clusters"]) + " |", "|---|" + "---:|" * len(first["clusters"])]
     for c in comps.values():
         lines.append(f"| {c['treatment']} − {c['control']} | " + " | ".join(_ci(d, 2) for d in c["clusters"].values())
                      + " |")
     return lines
+
+
+def curve_section(r: dict) -> list[str]:
+    """Each arm's own pass@1-coverage curve (mean over seeds), where the runs were sampled at several temperatures."""
+    curves = r.get("curves")
+    if not curves:
+        return []
+    temps = list(next(iter(curves.values())))
+    lines = ["", "## Each arm's own curve (mean over seeds: pass@1, coverage)", "",
+             "| arm | " + " | ".join(f"T={t}" for t in temps) + " |", "|---|" + "---|" * len(temps)]
+    for arm, c in curves.items():
+        lines.append(f"| {arm} | " + " | ".join(f"{c[t]['pass@1']:.3f}, {c[t]['coverage']:.2f}" for t in temps)
+                     + " |")
+    return lines
+
+
+def blind_section(r: dict) -> list[str]:
+    """Per cluster: pass@1 against the prompt-blind baseline (answers to the cluster's other items); a cluster the
+    GRPO arms train on should be read from the prompt there (task_track.BLIND_RATIO, BLIND_MARGIN)."""
+    b = r.get("blind")
+    if not b:
+        return []
+    rows = [(f"task SFT, T={b['temperature']}", b["sft"])] + [(arm, v) for arm, v in b["arms"].items()]
+    clusters = list(b["sft"])
+    lines = ["", "## Does the model read its prompt? (pass@1 against a prompt-blind baseline, per cluster)", "",
+             "Blind = each item's checker applied to the answers given to the other items of its cluster: what a "
+             f"model scores that ignores the prompt's bounds. A model reads a cluster when pass@1 ≥ {BLIND_RATIO:g}x "
+             f"blind and ≥ blind + {BLIND_MARGIN:g} (**bold**: it does). GRPO trains on: "
+             f"{', '.join(b['trained'])}.", "",
+             "| model | " + " | ".join(clusters) + " |", "|---|" + "---:|" * len(clusters)]
+    for name, v in rows:
+        cells = [_blind_cell(v[c]) if c in v else "—" for c in clusters]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    unread = [c for c in b["trained"] if not b["sft"].get(c, {}).get("reads_prompt")]
+    if unread:
+        lines += ["", f"**The task SFT model does not read its prompt on {', '.join(unread)}**, where GRPO trains: "
+                  "a coverage change there is not about the prompt's answers."]
+    return lines
+
+
+def _embedding_line(m: dict) -> str:
+    """How the density embedding places prompts: its neighbours' cluster purity and the paraphrase test."""
+    if m.get("text_neighbour_purity") is None:
+        return ""
+    line = (f" The {m.get('embedding') or 'text'} embedding's neighbours share their item's cluster "
+            f"{m['text_neighbour_purity']:.0%} of the time")
+    pp = m.get("paraphrase_purity")
+    if pp is None:
+        return line + "."
+    return line + (f"; the hand-written paraphrases (data/paraphrases.py: no template word, no cluster noun) find a "
+                   f"nearest train prompt of their own cluster {pp:.0%} of the time (bar {PARAPHRASE_BAR:.0%}: "
+                   f"**{'by meaning' if pp >= PARAPHRASE_BAR else 'not by meaning'}**).")
+
+
+def _blind_cell(c: dict) -> str:
+    text = f"{c['pass@1']:.3f} vs {'—' if c['blind'] is None else format(c['blind'], '.3f')}"
+    return f"**{text}**" if c["reads_prompt"] else text
 
 
 def _row(name: str, s: dict, ks: list[str]) -> str:
@@ -202,26 +267,33 @@ def report(r: dict) -> str:
              "## Collapse or sharpening? (the SFT model's temperature frontier)", "",
              "| model | " + " | ".join(ks) + f" | coverage@{n} | entropy | top phrasing |",
              "|---|" + "---:|" * (len(ks) + 3)]
+    off = r.get("off_envelope", [])
     for t, s in r["sft"].items():
-        lines.append(_row(f"task SFT, T={t}", s, ks))
+        lines.append(_row(f"task SFT, T={t}" + (" (off the envelope)" if float(t) in off else ""), s, ks))
     for arm, a in r["arms"].items():
         lines.append(_row(f"{arm} (mean of {len(a['runs'])} seeds, T={r['arm_temperature']})",
                           {"all": {**a["mean"]["all"]}}, ks))
-    lines += ["", "An arm has collapsed when its coverage lies below the SFT frontier at its own pass@1 (linear "
-              "between the temperatures' points; beyond the ends, the nearest end). Gap = arm coverage − frontier "
-              "coverage, mean over seeds, 95% interval over eval items (bootstrap) and seeds:", "",
-              "| arm | reward | gap [95% CI] | per seed | gap − shuffled arm's [95% CI] |", "|---|---|---:|---|---:|"]
+    lines += ["", "The frontier is the SFT model's envelope: at each pass@1, the best coverage it reaches at that "
+              "pass@1 or higher, between the temperatures' points a monotone cubic in temperature (eval/envelope.py); "
+              "temperatures worse on both axes than another drop out. Gap = arm coverage − envelope coverage at the "
+              "arm's pass@1, mean over seeds, 95% interval over eval items (bootstrap) and seeds. An arm below the "
+              "envelope may only have drifted: it has collapsed by its reward when its gap lies beyond the "
+              "shuffled-reward arm's, the interval of the difference under 0:", "",
+              "| arm | reward | gap [95% CI] | per seed | gap − shuffled arm's [95% CI] | collapsed by the reward |",
+              "|---|---|---:|---|---:|---|"]
     for arm, g in r["frontier_gap"].items():
         c = g.get("minus_control")
         vs = f"{c['gap']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]" if c else "—"
         lines.append(f"| {arm} | {r['variants'][arm]['reward']} | {g['gap']:+.3f} [{g['ci_low']:+.3f}, "
-                     f"{g['ci_high']:+.3f}] | {', '.join(f'{x:+.2f}' for x in g['per_seed'])} | {vs} |")
+                     f"{g['ci_high']:+.3f}] | {', '.join(f'{x:+.2f}' for x in g['per_seed'])} | {vs} | "
+                     f"{'**yes**' if g.get('collapsed') else ('no' if c else '—')} |")
     outside = {a: g["outside_frontier"] for a, g in r["frontier_gap"].items() if g.get("outside_frontier")}
     if outside:
-        lines += ["", "Runs whose pass@1 lies outside the frontier's range are compared with its nearest end (add "
+        lines += ["", "Runs whose pass@1 lies above the SFT model's highest are compared with that end (add cooler "
                   "temperatures to task.eval.temperatures to reach them): " + "; ".join(
                       f"{a} ({', '.join(f'{x:.3f}' for x in v)})" for a, v in outside.items()) + "."]
     lines += ["", collapse_verdict(r["frontier_gap"])]
+    lines += curve_section(r) + blind_section(r)
     lines += semantic_section(r)
     lines += comparison_section(r)
     lines += ["", "## Manipulation check (density from the prompt text only)", ""]
@@ -232,9 +304,8 @@ def report(r: dict) -> str:
         lines.append(f"- {arm} vs {m['against']}: the weights move the cluster mix TV {m['weights_tv']:.3f} from "
                      f"uniform (bar {TV_BAR}); realised draws differ between the arms by TV "
                      f"{m['draws_tv_between_arms']:.3f}, between seeds of one arm by {m['draws_tv_between_seeds']:.3f}"
-                     f" (bar: {SPREAD_FACTOR:g}x); cluster shares of the weights {m['shares_weights']}; the text "
-                     f"embedding's neighbours share their item's cluster {m['text_neighbour_purity']:.0%} of the "
-                     f"time. **{'Passed' if m['passed'] else 'Failed'}**.")
+                     f" (bar: {SPREAD_FACTOR:g}x); cluster shares of the weights {m['shares_weights']}. "
+                     f"**{'Passed' if m['passed'] else 'Failed'}**." + _embedding_line(m))
     lines += ["", "## Per cluster", "", "| model | cluster | pass@1 | coverage | entropy |", "|---|---|---:|---:|---:|"]
     models = [(f"task SFT, T={t}", s) for t, s in r["sft"].items()] + [(arm, a["mean"]) for arm, a in
                                                                        r["arms"].items()]

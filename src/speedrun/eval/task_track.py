@@ -2,9 +2,10 @@
 each answer. Per model and cluster: pass@1, pass@k, coverage@n (distinct right answers per item), the entropy of
 the right answers, and the share of responses in the model's most common phrasing.
 
-Collapse is not sharpening: the task SFT model sampled at several temperatures traces a pass@1-versus-coverage
-frontier. An arm has collapsed when its coverage lies below that frontier at its own pass@1 (`frontier_gap` < 0,
-with an interval that excludes zero), not when it merely moves along it.
+Collapse is not sharpening, and not drift: the task SFT model sampled at several temperatures traces a
+pass@1-versus-coverage curve whose envelope (eval/envelope.py) is the frontier. An arm lies below it when its coverage
+is under the envelope at its own pass@1 (`frontier_gap` < 0, with an interval that excludes zero), not when it merely
+moves along it; it has collapsed by its reward only when its gap lies beyond the shuffled-reward arm's.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import torch
 
 from speedrun.common import stable_seed
 from speedrun.data.gold import pass_at_k
-from speedrun.data.task import TaskItem, check, phrasing
+from speedrun.data.task import TaskItem, check, extract, normalise, phrasing
 from speedrun.engine import completion_texts, generate
+from speedrun.eval.envelope import envelope_at
 from speedrun.tokenizer import Tokenizer
 
 COLUMNS = ["model", "temperature", "item_id", "cluster", "sample_idx", "text", "answer"]
@@ -79,13 +81,6 @@ def summary(answers: pd.DataFrame, k_values: tuple[int, ...]) -> dict:
     return out
 
 
-def frontier_at(points: np.ndarray, pass1: float) -> float:
-    """Coverage of the frontier (rows of (pass@1, coverage), the SFT model at several temperatures) at `pass1`:
-    linear between neighbouring points in pass@1 order; beyond the ends, the nearest end's coverage (nan for none)."""
-    pts = points[np.argsort(points[:, 0])]
-    return float(np.interp(pass1, pts[:, 0], pts[:, 1])) if len(pts) else math.nan
-
-
 def column_mean(tab: pd.DataFrame, rows: np.ndarray, col: str) -> float:
     """Mean of one column of a per-item table over the item rows `rows` (a bootstrap draw)."""
     return float(tab[col].to_numpy(dtype=float)[rows].mean())
@@ -98,47 +93,37 @@ def curve_columns(tabs: list[pd.DataFrame]) -> np.ndarray:
                      for t in tabs])
 
 
-def gap_draws(sft: list[pd.DataFrame], runs: list[pd.DataFrame], draws: list[np.ndarray]) -> np.ndarray:
-    """[draw, run] coverage − SFT frontier coverage at the run's pass@1, the frontier and every run on the same item
-    rows of each draw (per-item tables of the same items in the same order)."""
-    out, sft_cols, run_cols = [], curve_columns(sft), curve_columns(runs)
+def gap_draws(sft: dict[float, pd.DataFrame], runs: list[pd.DataFrame], draws: list[np.ndarray]) -> np.ndarray:
+    """[draw, run] coverage − the SFT model's envelope coverage at the run's pass@1 (sft: per-item tables by
+    temperature), the envelope and every run on the same item rows of each draw (tables of the same items)."""
+    out, temps, sft_cols, run_cols = [], np.array(sorted(sft)), curve_columns([sft[t] for t in sorted(sft)]), \
+        curve_columns(runs)
     for rows in draws:
-        front = np.array([(c[0][rows].mean(), c[1][rows].mean()) for c in sft_cols])
-        out.append([float(c[1][rows].mean()) - frontier_at(front, float(c[0][rows].mean())) for c in run_cols])
+        front = np.column_stack([temps, sft_cols[:, :, rows].mean(-1)])
+        p1, cov = run_cols[:, :, rows].mean(-1).T
+        out.append(cov - envelope_at(front, p1)[0])
     return np.array(out)
 
 
-def at_pass1(points: np.ndarray, target: float) -> tuple[float, bool]:
-    """Coverage on one run's own curve (rows of (pass@1, coverage), one per temperature) at pass@1 `target`: linear
-    between neighbouring points in pass@1 order; beyond the ends, extended linearly from the nearest two (flagged
-    True: the reading then leans on the curve's slope outside what was sampled)."""
-    pts = points[np.argsort(points[:, 0])]
-    x, y = pts[:, 0], pts[:, 1]
-    if x[0] <= target <= x[-1]:
-        return float(np.interp(target, x, y)), False
-    i, j = (0, 1) if target < x[0] else (-2, -1)
-    slope = (y[j] - y[i]) / max(x[j] - x[i], 1e-9)
-    return float(y[i] + slope * (target - x[i])), True
-
-
-def matched_draws(curves: dict[str, list[list[pd.DataFrame]]], control: str, t_index: int,
+def matched_draws(curves: dict[str, list[dict[float, pd.DataFrame]]], at: str, temperature: float,
                   draws: list[np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-    """Coverage at matched pass@1: per arm a [draw, run] matrix of each run's coverage on its own temperature curve
-    (curves[arm][run]: per-item tables, one per temperature) at the control arm's mean pass@1 at temperature index
-    t_index, on the same item rows of each draw; and the share of readings that extended a curve."""
-    out: dict[str, list[list[float]]] = {arm: [] for arm in curves}
+    """Coverage at matched pass@1: per arm a [draw, run] matrix of each run's coverage on its own curve's envelope
+    (curves[arm][run]: per-item tables by temperature) at arm `at`'s mean pass@1 at `temperature`, on the same item
+    rows of each draw; and the share of readings above a run's highest sampled pass@1 (extended linearly)."""
+    out: dict[str, list[np.ndarray]] = {arm: [] for arm in curves}
     extended, n = 0, 0
-    cols = {arm: [curve_columns(c) for c in runs] for arm, runs in curves.items()}
+    temps = {arm: np.array(sorted(runs[0])) for arm, runs in curves.items()}
+    cols = {arm: [curve_columns([run[t] for t in temps[arm]]) for run in runs] for arm, runs in curves.items()}
+    t_at = list(temps[at]).index(temperature)
     for rows in draws:
-        target = float(np.mean([float(c[t_index][0][rows].mean()) for c in cols[control]]))
+        target = float(np.mean([c[t_at, 0, rows].mean() for c in cols[at]]))
         for arm, runs in cols.items():
             row = []
             for c in runs:
-                pts = np.array([(t[0][rows].mean(), t[1][rows].mean()) for t in c])
-                value, ext = at_pass1(pts, target)
-                row.append(value)
-                extended, n = extended + ext, n + 1
-            out[arm].append(row)
+                value, outside = envelope_at(np.column_stack([temps[arm], c[:, :, rows].mean(-1)]), target, True)
+                row.append(float(value[0]))
+                extended, n = extended + int(outside[0]), n + 1
+            out[arm].append(np.array(row))
     return {arm: np.array(v) for arm, v in out.items()}, extended / max(n, 1)
 
 
@@ -150,26 +135,31 @@ def item_draws(n_items: int, n_boot: int, seed: int, tag: str) -> list[np.ndarra
 
 def frontier_gaps(sft: dict[float, pd.DataFrame], arms: dict[str, list[pd.DataFrame]], n_boot: int, seed: int,
                   k_values: tuple[int, ...], control: str = "shuffled") -> dict:
-    """Per arm: mean over its seeds of (coverage − SFT frontier coverage at the run's pass@1), with a 95% interval
-    from a bootstrap over eval items (the frontier and every run resampled on the same items) and the spread between
-    seeds; collapsed when the interval lies below zero. With a `control` arm (the shuffled reward), each other arm's
-    gap minus the control's (minus_control): the part of the coverage loss the reward itself causes."""
-    tables = [per_item(a, k_values) for a in sft.values()]
+    """Per arm: mean over its seeds of (coverage − the SFT envelope's coverage at the run's pass@1), with a 95%
+    interval from a bootstrap over eval items (the envelope and every run resampled on the same items) and the spread
+    between seeds; `below` when the interval lies under zero. With a `control` arm (the shuffled reward), each other
+    arm's gap minus the control's (minus_control), and `collapsed` (by its reward) only when that difference's
+    interval lies under zero: GRPO updates that carry no information (drift) lower coverage too, so a gap alone, or a
+    control whose own interval includes 0, calls nothing. Without a control no arm is called collapsed."""
+    tables = {t: per_item(a, k_values) for t, a in sft.items()}
     runs = {arm: [per_item(a, k_values) for a in frames] for arm, frames in arms.items()}
-    draws = item_draws(len(tables[0]), n_boot, seed, "task_frontier")
-    front = np.array([(column_mean(t, draws[0], "pass@1"), column_mean(t, draws[0], "coverage")) for t in tables])
+    draws = item_draws(len(next(iter(tables.values()))), n_boot, seed, "task_frontier")
+    temps = sorted(tables)
+    front = np.array([(t, column_mean(tables[t], draws[0], "pass@1"), column_mean(tables[t], draws[0], "coverage"))
+                      for t in temps])
     out, boots = {}, {}
     for arm, tabs in runs.items():
         g = boots[arm] = gap_draws(tables, tabs, draws)
         out[arm] = _interval(g[0], g[1:].mean(axis=1))
-        out[arm]["collapsed"] = bool(out[arm]["ci_high"] < 0)
-        lo, hi = front[:, 0].min(), front[:, 0].max()
-        out[arm]["outside_frontier"] = [round(column_mean(t, draws[0], "pass@1"), 4) for t in tabs
-                                        if not lo <= column_mean(t, draws[0], "pass@1") <= hi]  # compared with an end
+        out[arm]["below"] = bool(out[arm]["ci_high"] < 0)
+        p1 = np.array([column_mean(t, draws[0], "pass@1") for t in tabs])
+        out[arm]["outside_frontier"] = [round(float(x), 4) for x in p1[envelope_at(front, p1)[1]]]  # above its top
+        out[arm]["collapsed"] = False
     for arm in runs:  # the same gap against the negative control's, on the same item draws
         if control in runs and arm != control:
             diff = boots[arm].mean(axis=1) - boots[control].mean(axis=1)
             out[arm]["minus_control"] = _interval(boots[arm][0], diff[1:], boots[control][0])
+            out[arm]["collapsed"] = bool(out[arm]["minus_control"]["ci_high"] < 0)
     return out
 
 
@@ -189,3 +179,38 @@ def _interval(point: np.ndarray, boot: np.ndarray, point_b: np.ndarray | None = 
 
 
 
+
+
+BLIND_RATIO, BLIND_MARGIN = 2.0, 0.15  # a model reads a cluster's prompts: pass@1 >= 2x blind and >= blind + 0.15
+
+
+def blind_baseline(answers: pd.DataFrame, task_items: list[TaskItem]) -> dict[str, dict]:
+    """Per cluster of one model's answers: pass@1 (mean over items), the prompt-blind baseline (each item's checker
+    applied to every answer given to the cluster's other items: what a model that ignores the prompt's bounds
+    scores) and whether the model reads its prompts there (BLIND_RATIO and BLIND_MARGIN)."""
+    by_id = {i.item_id: i for i in task_items}
+    values = [_given(by_id[i], t) for i, t in zip(answers["item_id"], answers["text"])]
+    frame = answers.assign(value=values)
+    out = {}
+    for cluster, a in frame.groupby("cluster", sort=True):
+        total, n_all = Counter(a["value"].dropna()), len(a)
+        own, blind = [], []
+        for item_id, rows in a.groupby("item_id", sort=True):
+            right = {x.lower() for x in by_id[item_id].answers}
+            mine = Counter(rows["value"].dropna())
+            own.append(sum(mine[x] for x in right) / len(rows))
+            if n_all > len(rows):
+                blind.append(sum(total[x] - mine[x] for x in right) / (n_all - len(rows)))
+        p1 = float(np.mean(own))
+        b = float(np.mean(blind)) if blind else math.nan
+        out[cluster] = {"pass@1": round(p1, 4), "blind": round(b, 4) if blind else None,
+                        "reads_prompt": bool(blind) and p1 >= BLIND_RATIO * b and p1 >= b + BLIND_MARGIN}
+    return out
+
+
+def _given(item: TaskItem, text: str) -> str | None:
+    """The value a response gives, spelled as the item's checker compares it (lower case; a hub number normalised)."""
+    given = extract(text)
+    if given is None:
+        return None
+    return (normalise(given) if item.solution else given).lower()

@@ -9,6 +9,7 @@ import torch
 from speedrun.common import chat_messages, require_unique, stable_seed
 from speedrun.config import DensityConfig
 from speedrun.rl.controls import balanced_weights
+from speedrun.eval.semantic import sentence_embeddings
 from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights, word_embeddings
 from speedrun.tokenizer import Tokenizer, cut_prompt
 from speedrun.train import distributed
@@ -52,6 +53,18 @@ def pool_subset(df: pd.DataFrame, ids: list[list[int]], pool: int) -> tuple[pd.D
     return df.iloc[keep].reset_index(drop=True), [ids[i] for i in keep]
 
 
+def prompt_embeddings(embedding: str, model: torch.nn.Module | None, ids: list[list[int]], texts: list[str],
+                      device: str) -> torch.Tensor:
+    """The prompts' unit embeddings in density.embedding's space (speedrun.rl.density)."""
+    if embedding == "words":
+        return word_embeddings(texts)
+    if embedding == "names":
+        return name_embeddings(texts)
+    if embedding in ("minilm", "minilm_kind"):
+        return sentence_embeddings(texts, "kind" if embedding == "minilm_kind" else "text")
+    return embed_prompts(model, ids, 64, device, embedding.removeprefix("sft_"))  # the SFT model's hidden states
+
+
 def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
                      groups: list[str], density: DensityConfig, device: str, d: Dist | None = None) -> torch.Tensor:
     """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the embedding density.embedding
@@ -66,11 +79,6 @@ def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]],
     if variant == "balanced":
         return balanced_weights(groups)
     if variant == "density":
-        if density.embedding == "words":
-            emb = word_embeddings(texts)
-        elif density.embedding == "names":
-            emb = name_embeddings(texts)
-        else:  # sft_idf / sft_mean: the SFT model's hidden states, idf-weighted or plain mean over the prompt
-            emb = embed_prompts(model, ids, 64, device, density.embedding.removeprefix("sft_"))
+        emb = prompt_embeddings(density.embedding, model, ids, texts, device)
         return prompt_weights(emb.to(device), density.k, density.alpha, density.max_ratio)  # k-NN on the device
     raise ValueError(f"sampling must be density, uniform or balanced, not {variant!r}")

@@ -1,0 +1,71 @@
+"""The task's four questions asked in other words, written by hand: the test of a density embedding's meaning. None
+uses a word of the task's templates (data/task.py TEMPLATES, beyond the function words in ALLOWED) or its cluster's
+noun, so an embedding that places them beside their own cluster's training prompts reads what a prompt asks, not
+which template words it shares (tests/test_paraphrases.py; task_grpo reports the share as `paraphrase_purity`)."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from speedrun.data.task import TEMPLATES
+
+if TYPE_CHECKING:
+    import torch
+
+ALLOWED = {"a", "an", "the", "and", "of", "is", "in", "that", "me", "but"}  # function words the templates use too
+NOUNS = {"number", "numbers", "integer", "integers", "letter", "letters", "alphabet", "month", "months", "year",
+         "even", "whole"}
+
+PARAPHRASES: dict[str, tuple[str, ...]] = {
+    "numbers": ("Pick any count from the range that starts past 14 and stops short of 21.",
+                "I need a figure exceeding 30 yet under 36.",
+                "What could I say if asked for something over 5 yet under 11?",
+                "Choose a value over 40 and under 47.",
+                "Suggest a quantity from 52 up to 57, both ends excluded.",
+                "Something past 8 and short of 13, please.",
+                "Reply with a count that beats 60 without reaching 66.",
+                "Offer a figure whose value sits past 23 yet short of 29."),
+    "evens": ("Pick a multiple of two that exceeds 14 and stays under 22.",
+              "Something divisible by 2, over 30 and under 38?",
+              "Choose a value that is not odd, past 6 yet short of 14.",
+              "Suggest a multiple of two from the range 40 to 48, both ends excluded.",
+              "I need a figure divisible by two, over 52 and under 60.",
+              "Offer a count with no remainder when halved, past 18 yet short of 26.",
+              "Reply with a non-odd value exceeding 44 yet under 50.",
+              "Say a value you get by doubling something, past 10 and short of 18."),
+    "letters": ("Pick a character that sorts past `d` and ahead of `k`.",
+                "Choose something from the ABCs falling past `m` yet ahead of `t`.",
+                "Suggest a glyph from a to z inside the open range `c` to `h`.",
+                "Offer a character positioned following `p` and preceding `w` in ABC order.",
+                "Reply with a symbol that in dictionary order follows `f` and precedes `l`.",
+                "I want a character of the Latin script ranked past `r` yet ahead of `y`.",
+                "Say a single character sorted beyond `b` yet prior to `g`.",
+                "Type a character from the ABCs that sits past `j` and ahead of `q`."),
+    "months": ("Pick a stretch of the calendar following March and preceding July.",
+               "Suggest a calendar page past May yet ahead of October.",
+               "Choose a calendar period following January and preceding May.",
+               "Offer a time on the calendar that sits past June and ahead of November.",
+               "Reply with a calendar segment following February yet preceding June.",
+               "I need a named span of about four weeks following August and preceding December.",
+               "Say a period on the calendar past April and prior to September.",
+               "Pick a named span of weeks following July and preceding November."),
+}
+
+
+def template_words() -> set[str]:
+    """Every word of every template, lower case, without the bounds' placeholders and the function words."""
+    words = {w for ts in TEMPLATES.values() for t in ts for w in re.findall(r"[a-z]+", t.lower())}
+    return words - ALLOWED - {"lo", "hi"}
+
+
+def words(text: str) -> set[str]:
+    """A paraphrase's words, lower case, its backticked bounds left out."""
+    return set(re.findall(r"[a-z]+", re.sub(r"`[^`]*`", " ", text).lower()))
+
+
+def nearest_share(train: "torch.Tensor", paraphrases: "torch.Tensor", groups: list[str], labels: list[str]) -> float:
+    """Share of paraphrases whose nearest training prompt (cosine of dense unit rows) is in their own cluster: 1 for
+    an embedding that places a prompt by what it asks, about the largest cluster's share for one that places it by
+    the words it shares with no template."""
+    nearest = (paraphrases @ train.T).argmax(dim=1).tolist()
+    return sum(groups[j] == c for j, c in zip(nearest, labels)) / len(labels)
