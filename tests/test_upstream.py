@@ -13,7 +13,8 @@ def test_the_interval_over_upstream_seeds_is_students_t_on_their_estimates():
     assert r["value"] == -1.0 and r["se"] == pytest.approx(0.2 / 3 ** 0.5, abs=1e-5)
     assert r["ci_high"] == pytest.approx(-1.0 + 4.3027 * 0.11547, abs=2e-3)  # t(0.975, 2) = 4.30, not 1.96
     t = 1.0 / 0.11547
-    assert r["p"] == pytest.approx(1 - t / (2 + t * t) ** 0.5, abs=1e-4) and r["mde"] == pytest.approx((4.3027 + 1.0607) * 0.11547, 1e-3)
+    assert r["p"] == pytest.approx(1 - t / (2 + t * t) ** 0.5, abs=1e-4)  # Student's t with 2 df, in closed form
+    assert r["mde"] == pytest.approx((4.3027 + 1.0607) * 0.11547, 1e-3)
     disagree = cluster_interval([-1.0, 0.2, -0.4])  # upstream models that disagree: no call from their mean
     assert disagree["ci_low"] < 0 < disagree["ci_high"] and disagree["p"] > 0.05
     with pytest.raises(ValueError, match="at least 2"):
