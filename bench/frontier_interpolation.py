@@ -44,6 +44,9 @@ def main(answers: Annotated[Path, typer.Argument(help="a task_eval answers.parqu
          model: str = typer.Option("task_sft", help="the model whose temperature curve is read"),
          n_boot: int = typer.Option(200, help="bootstrap draws of the items")) -> None:
     a = pd.read_parquet(answers)
+    runs = a[a["model"] != model]
+    if len(runs):  # the items task_eval's frontier uses: those the runs answered (task.train_clusters)
+        a = a[a["cluster"].isin(set(runs["cluster"]))]
     a = a[a["model"] == model]
     temps = sorted(a["temperature"].unique())
     tables = [per_item(a[a["temperature"] == t], (1,)) for t in temps]

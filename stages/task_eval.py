@@ -30,7 +30,7 @@ from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model
 
 READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
-         "task.train_clusters", "task.train.temperature", "task.eval")
+         "task.source", "task.train_clusters", "task.train.temperature", "task.eval")
 PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
          "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo",
          "rm_metrics": "reports/metrics/task_rm.json", "answers":
@@ -46,7 +46,7 @@ def main(p, io) -> None:
     tok = tokenizer_lib.load(io.tokenizer_dir)
     all_items = task.load_items(io.items)
     items = [i for i in all_items if i.split == "eval"]
-    trained = set(p.task.train_clusters) or {i.cluster for i in all_items}
+    trained = set(p.task.train_clusters) if p.task.source == "embedded" else {i.cluster for i in all_items}
     run_items = [i for i in items if i.cluster in trained]  # the runs answer the clusters they trained on
     k_values = pass_k_values(c.samples)
 
@@ -123,7 +123,7 @@ def main(p, io) -> None:
     run_frames = (f for t in run_ts for fs in by_t[t].values() for f in fs)
     write_parquet(io.answers, pd.concat([*sft_all.values(), *run_frames], ignore_index=True))
     write_json(io.metrics, result)
-    text = report(result)
+    text = report(read_json(io.metrics))  # from the file as written (keys sorted): the report recomputes from it
     write_text(io.report, text)
     shutil.rmtree(io.scratch_dir, ignore_errors=True)  # done: the next run samples afresh
     print(text)

@@ -26,7 +26,7 @@ from speedrun.train.checkpoint import load_model
 
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "compute.run_threads",
-         "task.train", "task.train_clusters", "task.density", "task.variants.{arm}")
+         "task.source", "task.train", "task.train_clusters", "task.density", "task.variants.{arm}")
 PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/tokenizer",
          "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
          "metrics": "reports/metrics/task_grpo/{arm}_s{seed}.json"}
@@ -46,7 +46,7 @@ def load_task_rm(rm_dir, device: str) -> RewardModel:
 
 def trained_clusters(df: pd.DataFrame, ids: list[list[int]], by_id: dict, clusters: list[str]
                      ) -> tuple[pd.DataFrame, list[list[int]]]:
-    """The train items of task.train_clusters ([] = all), refused when a named cluster has none."""
+    """The train items of `clusters` (empty: all), refused when a named cluster has none."""
     if not clusters:
         return df, ids
     have = {by_id[pid].cluster for pid in df["prompt_id"]}
@@ -77,7 +77,8 @@ def main(p, io, arm: str, seed: int) -> None:
     d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, 0.0)
     dev = d.device
     by_id = {i.item_id: i for i in task.load_items(io.items)}
-    df, ids = trained_clusters(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), by_id, p.task.train_clusters)
+    clusters = p.task.train_clusters if p.task.source == "embedded" else []  # a hub task: every cluster
+    df, ids = trained_clusters(*load_prompts(io.items, tok, "train", cfg.max_prompt_len), by_id, clusters)
     df, ids = pool_subset(df, ids, cfg.pool)
     items = [by_id[pid] for pid in df["prompt_id"]]
     policy, _ = load_model(io.sft_dir, dev, tok.digest)

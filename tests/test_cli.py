@@ -55,3 +55,15 @@ def test_a_stage_run_by_hand_keeps_its_tracked_report_out_of_reports(tmp_path, m
     monkeypatch.setenv("DVC_STAGE", "tokenizer")
     assert runner.invoke(cli.app, args).exit_code == 0
     assert (tmp_path / "reports/metrics/tokenizer.json").is_file()
+
+
+
+def test_preflight_stops_a_typo_in_the_trained_clusters(tmp_path, monkeypatch):
+    """The embedded task's cluster names are checked before any stage runs; a hub task's are its data's (the knob
+    does not apply there)."""
+    monkeypatch.chdir(REPO)
+    out = ["--out", str(tmp_path / "preflight.txt")]
+    res = runner.invoke(cli.app, ["preflight", "-S", "task.train_clusters=[numbers,evns]", *out])
+    assert res.exit_code != 0 and "task.train_clusters[1]: 'evns' is not a cluster" in res.output
+    assert runner.invoke(cli.app, ["preflight", "-S", "task.source=gsm8k", "-S", "task.train_clusters=[c1]",
+                                   *out]).exit_code == 0

@@ -350,3 +350,21 @@ def test_gsm8k_items_from_a_hub_mirror_are_checked_and_held_out_by_split(tmp_pat
     convs = task.conversations(items, "train", 8, 0)
     assert len(convs) == sum(i.split == "train" for i in items)  # one per item: its question and solution
     assert all(c[1]["content"].endswith("`.") and "<<" not in c[1]["content"] for c in convs)
+
+
+def test_the_committed_task_report_is_its_metrics_rendered():
+    """reports/task.md recomputes from reports/metrics/task.json, and shows what a referee reads first: the envelope
+    (dominated temperatures marked), collapse called only against the shuffled arm, each arm's own curve, the
+    prompt-blind baseline, every reading of each comparison with its range, and the manipulation check."""
+    import json
+    from pathlib import Path
+
+    from speedrun.eval.task_report import report
+    root = Path(__file__).resolve().parents[1]
+    r = json.loads((root / "reports/metrics/task.json").read_text())
+    text = report(r)
+    assert text == (root / "reports/task.md").read_text()
+    for part in ("(off the envelope)", "| collapsed by the reward |", "## Each arm's own curve",
+                 "## Does the model read its prompt?", "| range |", "## Manipulation check"):
+        assert part in text, part
+    assert set(r["blind"]["trained"]) == set(r["clusters"])

@@ -75,9 +75,9 @@ class TaskSection:
                                "the task reward model; eval items have none", ge=1)
     sft: TaskSFTConfig = knob("the task stage after chat SFT")
     rm: RMConfig = knob("the task reward model: the task SFT trunk on the task pairs (the rm arm's proxy reward)")
-    train_clusters: list[str] = knob("the clusters GRPO trains on and task_eval compares the arms on (the task SFT "
-                                     "model must read its prompt there: reports/task.md's blind baseline); [] = every "
-                                     "cluster")
+    train_clusters: list[str] = knob("embedded: the clusters GRPO trains on and task_eval compares the arms on (the "
+                                     "task SFT model must read its prompt there: reports/task.md's blind baseline); "
+                                     "gsm8k trains on every cluster (k-means clusters named by its data)")
     seeds: list[int] = knob("GRPO training seeds of every task arm")
     run: list[str] = knob("the task arms this run trains and evaluates")
     variants: dict[str, TaskVariant] = knob("every task arm's definition: same task SFT model and budget")

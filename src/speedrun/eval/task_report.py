@@ -138,6 +138,11 @@ def comparison_section(r: dict) -> list[str]:
         p1 = c["pass@1"]
         lines.append(f"| {c['treatment']} − {c['control']} | {_reading(c[primary])} | {_ci(p1)} | "
                      f"{p1['margin']:.3f} | {p1['verdict']} |")
+    failed = [a for a, m in r.get("manipulation", {}).items() if m.get("passed") is False
+              and any(c["treatment"] == a for c in comps.values())]
+    if failed:
+        lines += ["", f"**The manipulation check failed for {', '.join(failed)}** (below): its sampler did not move "
+                  "the cluster mix enough, so its comparison is shown and not read."]
     first = next(iter(comps.values()))
     keys = [k for k in READINGS if k in first]
     heads = [READINGS[k] + (f" at the {first[k]['at']}'s pass@1" if k.startswith("matched") else "") for k in keys]
