@@ -1,13 +1,16 @@
 """The density embedding's test of meaning: hand-written paraphrases of the task's questions (data/paraphrases.py)
 must find a nearest train prompt of their own cluster. The paraphrases keep the rules that make this a test of
-meaning: no template word beyond function words and no cluster noun, at least 8 per cluster."""
+meaning: no template word (or a form of one) beyond function words and no cluster noun, at least 8 per cluster."""
+import json
+from pathlib import Path
+
 import pytest
+import torch
 
 from speedrun.data import task
-from speedrun.data.paraphrases import NOUNS, PARAPHRASES, nearest_share, template_words, words
+from speedrun.data.paraphrases import NOUNS, PARAPHRASES, leaks, nearest_share, template_words, words
 from speedrun.eval.task_report import PARAPHRASE_BAR
 from speedrun.params import load
-from speedrun.rl.density import word_embeddings
 from speedrun.rl.prompts import prompt_embeddings
 
 
@@ -20,25 +23,33 @@ def test_paraphrases_use_no_template_word_and_no_cluster_noun():
     assert set(PARAPHRASES) == set(task.TEMPLATES)
     banned = template_words() | NOUNS
     assert {"between", "greater", "after", "even", "month", "letter", "number"} <= banned
+    assert leaks("named", banned) and leaks("falling", banned) and not leaks("sitting", banned)  # forms of a word
     for cluster, texts in PARAPHRASES.items():
         assert len(set(texts)) >= 8, cluster
         for t in texts:
-            assert not words(t) & banned, (cluster, t, words(t) & banned)
+            assert not [w for w in words(t) if leaks(w, banned)], (cluster, t)
 
 
-def test_the_default_task_embedding_places_paraphrases_by_meaning_and_the_lexical_one_does_not(train):
-    """Positive: the default task embedding (params.yaml task.density.embedding) puts at least PARAPHRASE_BAR of the
-    paraphrases beside a train prompt of their own cluster, over every cluster of the generated task. Negative control
-    on the same outcome: the lexical embedding (words), whose only shared words with a paraphrase are function words,
-    does not."""
-    texts, groups = [i.prompt() for i in train], [i.cluster for i in train]
-    paras = [(c, t) for c, ts in PARAPHRASES.items() for t in ts]
-    labels = [c for c, _ in paras]
-    embedding = load().task.density.embedding
-    assert embedding.startswith("minilm")
-    e = prompt_embeddings(embedding, None, [], texts + [t for _, t in paras], "cpu")
-    share = nearest_share(e[:len(texts)], e[len(texts):], groups, labels)
-    assert share >= PARAPHRASE_BAR
-    w = word_embeddings(texts + [t for _, t in paras]).to_dense()
-    lexical = nearest_share(w[:len(texts)], w[len(texts):], groups, labels)
-    assert lexical < PARAPHRASE_BAR and lexical < share
+def test_the_default_embedding_places_paraphrases_better_than_the_lexical_one_and_the_run_reports_it(train):
+    """Over the four clusters the default task embedding (params.yaml task.density.embedding) puts the paraphrases
+    beside their own cluster's train prompts more often than the lexical embedding (words), whose only shared words
+    with them are function words (positive and negative control on one outcome). Letters and months paraphrases keep
+    their operands (backticked letters, month names), so they are the easy part; on the clusters GRPO trains on the
+    share is the default run's `paraphrase_purity`, recomputed here, and reports/task.md reads it against the 0.8 bar
+    (62%: not met, docs/LOG.md 2026-11-29)."""
+    p = load()
+    assert p.task.density.embedding == "minilm_kind"
+
+    def share(items, clusters, embedding):
+        texts, groups = [i.prompt() for i in items], [i.cluster for i in items]
+        paras = [(c, t) for c, ts in PARAPHRASES.items() if c in clusters for t in ts]
+        e = prompt_embeddings(embedding, None, [], texts + [t for _, t in paras], "cpu")
+        e = e.to_dense() if e.layout == torch.sparse_csr else e
+        return nearest_share(e[:len(texts)], e[len(texts):], groups, [c for c, _ in paras])
+
+    meaning, lexical = share(train, set(PARAPHRASES), "minilm_kind"), share(train, set(PARAPHRASES), "words")
+    assert meaning >= PARAPHRASE_BAR > lexical
+    trained = [i for i in train if i.cluster in p.task.train_clusters]
+    committed = json.loads((Path(__file__).resolve().parents[1] / "reports/metrics/task_grpo/density_s1.json")
+                           .read_text())["paraphrase_purity"]
+    assert share(trained, set(p.task.train_clusters), "minilm_kind") == pytest.approx(committed, abs=1e-4)

@@ -34,7 +34,7 @@ PARAPHRASES: dict[str, tuple[str, ...]] = {
               "Reply with a non-odd value exceeding 44 yet under 50.",
               "Say a value you get by doubling something, past 10 and short of 18."),
     "letters": ("Pick a character that sorts past `d` and ahead of `k`.",
-                "Choose something from the ABCs falling past `m` yet ahead of `t`.",
+                "Choose something from the ABCs sitting past `m` yet ahead of `t`.",
                 "Suggest a glyph from a to z inside the open range `c` to `h`.",
                 "Offer a character positioned following `p` and preceding `w` in ABC order.",
                 "Reply with a symbol that in dictionary order follows `f` and precedes `l`.",
@@ -46,9 +46,9 @@ PARAPHRASES: dict[str, tuple[str, ...]] = {
                "Choose a calendar period following January and preceding May.",
                "Offer a time on the calendar that sits past June and ahead of November.",
                "Reply with a calendar segment following February yet preceding June.",
-               "I need a named span of about four weeks following August and preceding December.",
+               "I need a span of about four weeks following August and preceding December.",
                "Say a period on the calendar past April and prior to September.",
-               "Pick a named span of weeks following July and preceding November."),
+               "Pick a span of weeks following July and preceding November."),
 }
 
 
@@ -56,6 +56,13 @@ def template_words() -> set[str]:
     """Every word of every template, lower case, without the bounds' placeholders and the function words."""
     words = {w for ts in TEMPLATES.values() for t in ts for w in re.findall(r"[a-z]+", t.lower())}
     return words - ALLOWED - {"lo", "hi"}
+
+
+def leaks(word: str, banned: set[str]) -> bool:
+    """Whether a paraphrase's word is a banned word or a form of one (named: name; falling: falls)."""
+    def stem(w: str) -> str:
+        return next((w[:-len(s)] for s in ("ing", "ed", "es", "s", "d") if w.endswith(s) and len(w) - len(s) >= 3), w)
+    return any(word == b or stem(word) == stem(b) or (len(b) >= 4 and word.startswith(b)) for b in banned)
 
 
 def words(text: str) -> set[str]:
