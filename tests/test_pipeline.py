@@ -162,7 +162,9 @@ def _first_repro(repo: Path) -> None:
     assert task_result["run_temperatures"] == [1.5] and "p_holm" not in density["gap"]
     task_md = (repo / "reports/task.md").read_text()
     assert "Manipulation check" in task_md and "## Semantic diversity (a sentence encoder)" in task_md
-    assert "Coverage at equal pass@1 (the primary)" in task_md
+    assert "Primary (matched): Δ coverage at equal pass@1 at the control arm's pass@1" in task_md
+    assert set(density["range"]["readings"]) == {"gap", "same_temperature", "matched", "matched_other"}
+    assert "## Does the model read its prompt?" in task_md and "| collapsed by the reward |" in task_md
     sem = task_result["semantic"]  # every model's, with the temperature control the report reads first
     assert set(sem["sft"]) == {"0.5", "1.0"} and set(sem["arms"]) == set(task_result["arms"])
     assert set(sem["control"]) == {"rho", "bar", "passed"} and 0 <= sem["sft"]["1.0"]["all"] <= 2
