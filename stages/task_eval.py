@@ -22,8 +22,8 @@ from speedrun.eval.sampling import resume_file
 from speedrun.eval.task_report import manipulation, report
 from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.envelope import dominated
-from speedrun.eval.task_track import (BLIND_MARGIN, BLIND_RATIO, blind_baseline, frontier_gaps, pass_k_values,
-                                      sample_answers, summary)
+from speedrun.eval.task_track import (blind_baseline, frontier_gaps, pass_k_values, reads_prompt, sample_answers,
+                                      summary)
 from speedrun.shapes import use_shapes
 from speedrun.stage import run_stage
 from speedrun.train import distributed
@@ -149,7 +149,7 @@ def _blind_mean(tables: list[dict]) -> dict:
         blind = [t[c]["blind"] for t in tables if t[c]["blind"] is not None]
         b = float(np.mean(blind)) if blind else None
         out[c] = {"pass@1": round(p1, 4), "blind": b if b is None else round(b, 4),
-                  "reads_prompt": b is not None and p1 >= BLIND_RATIO * b and p1 >= b + BLIND_MARGIN}
+                  "reads_prompt": b is not None and reads_prompt(p1, b)}
     return out
 
 

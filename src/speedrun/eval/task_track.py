@@ -184,6 +184,11 @@ def _interval(point: np.ndarray, boot: np.ndarray, point_b: np.ndarray | None = 
 BLIND_RATIO, BLIND_MARGIN = 2.0, 0.15  # a model reads a cluster's prompts: pass@1 >= 2x blind and >= blind + 0.15
 
 
+def reads_prompt(pass1: float, blind: float) -> bool:
+    """A model reads a cluster's prompts: pass@1 at least BLIND_RATIO x the blind baseline and BLIND_MARGIN above it."""
+    return pass1 >= BLIND_RATIO * blind and pass1 >= blind + BLIND_MARGIN
+
+
 def blind_baseline(answers: pd.DataFrame, task_items: list[TaskItem]) -> dict[str, dict]:
     """Per cluster of one model's answers: pass@1 (mean over items), the prompt-blind baseline (each item's checker
     applied to every answer given to the cluster's other items: what a model that ignores the prompt's bounds
@@ -204,7 +209,7 @@ def blind_baseline(answers: pd.DataFrame, task_items: list[TaskItem]) -> dict[st
         p1 = float(np.mean(own))
         b = float(np.mean(blind)) if blind else math.nan
         out[cluster] = {"pass@1": round(p1, 4), "blind": round(b, 4) if blind else None,
-                        "reads_prompt": bool(blind) and p1 >= BLIND_RATIO * b and p1 >= b + BLIND_MARGIN}
+                        "reads_prompt": bool(blind) and reads_prompt(p1, b)}
     return out
 
 
