@@ -39,6 +39,10 @@ class GPTConfig:
     def n_head(self) -> int:
         return self.n_embd // self.head_dim
 
+    @property
+    def n_kv_head(self) -> int:
+        return self.n_head  # every query head has its own keys and values (the KV cache's width)
+
 
 def norm(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.size(-1),))  # parameter-free RMSNorm
@@ -81,13 +85,18 @@ class KVCache:
             raise ValueError(f"KV cache overflow: {self.pos} + {T} tokens > max_len {self.max_len}")
         if self.k is None:
             c = self.config
-            shape = (c.depth, self.batch, c.n_head, self.max_len, c.head_dim)
+            shape = (c.depth, self.batch, c.n_kv_head, self.max_len, c.head_dim)
             self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
             self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
         self.k[layer, :, :, self.pos:self.pos + T] = k
         self.v[layer, :, :, self.pos:self.pos + T] = v
         S = self.key_width(T)
         return self.k[layer, :, :, :S], self.v[layer, :, :, :S]
+
+    def advance(self, key_mask: Tensor) -> None:
+        """After a forward wrote its T tokens [B, T] into every layer: the next write goes past them."""
+        self.pos += key_mask.size(1)
+        self.lengths += key_mask.sum(1)
 
     def key_width(self, T: int) -> int:
         """Keys an attention over the next T tokens reads: the filled ones, rounded up to the width step (the
@@ -115,6 +124,40 @@ class KVCache:
         self.valid, self.lengths = self.valid[rows], self.lengths[rows]
         if self.k is not None:
             self.k, self.v = self.k[:, rows], self.v[:, rows]
+
+
+def attention_inputs(idx: Tensor, key_mask: Tensor | None, positions: Tensor | None, kv_cache: KVCache | None,
+                     padded: bool | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(positions [B or 1, T], attention mask [B, 1, T, S] or None for plain causal, key_mask) of a forward over idx
+    [B, T], for every model of the lab (GPT, Llama). key_mask [B, T] bool: False marks padding (never attended to;
+    real tokens are numbered 0, 1, ... per row unless `positions` [B, T] is given). With kv_cache the tokens are
+    appended to the cache (the caller advances it after its blocks ran). padded (no cache): whether key_mask has a
+    False entry, where the caller knows; None checks (a device sync, and a graph break under torch.compile)."""
+    B, T = idx.shape
+    offset = 0 if kv_cache is None else kv_cache.pos
+    if kv_cache is not None:
+        if key_mask is None:
+            key_mask = torch.ones(B, T, dtype=torch.bool, device=idx.device)
+        elif not kv_cache.padded:
+            kv_cache.padded = not bool(key_mask.all())  # (checked only when given: no sync per decode step)
+        if positions is None:
+            positions = kv_cache.lengths[:, None] + (key_mask.long().cumsum(1) - 1).clamp(min=0)
+        kv_cache.valid[:, offset:offset + T] = key_mask
+        padded = kv_cache.padded
+    else:
+        padded = key_mask is not None and (padded or padded is None and not bool(key_mask.all()))
+        if positions is None:
+            positions = ((key_mask.long().cumsum(1) - 1).clamp(min=0) if padded
+                         else torch.arange(T, device=idx.device)[None])
+    mask = None
+    S = offset + T if kv_cache is None else kv_cache.key_width(T)
+    if padded or (kv_cache is not None and ((offset > 0 and T > 1) or S > offset + T)):
+        valid = kv_cache.valid[:, :S] if kv_cache is not None else key_mask
+        q_pos = torch.arange(offset, offset + T, device=idx.device)[:, None]
+        k_pos = torch.arange(S, device=idx.device)[None]
+        mask = (k_pos <= q_pos)[None] & valid[:, None, :]
+        mask = (mask | (k_pos == q_pos)[None])[:, None]  # a pad query sees itself: no all-masked row, no NaN
+    return positions, mask, key_mask
 
 
 class CausalSelfAttention(nn.Module):
@@ -190,44 +233,14 @@ class GPT(nn.Module):
 
     def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
                kv_cache: KVCache | None = None, padded: bool | None = None) -> Tensor:
-        """Final normed hidden states [B, T, C].
-
-        key_mask [B, T] bool: False marks padding (never attended to; real tokens are numbered 0, 1, ... per row
-        unless `positions` [B, T] is given). With kv_cache the tokens are appended to the cache. padded (no cache):
-        whether key_mask has a False entry, where the caller knows; None checks (a device sync, and a graph break
-        under torch.compile).
-        """
-        B, T = idx.shape
-        offset = 0 if kv_cache is None else kv_cache.pos
-        if kv_cache is not None:
-            if key_mask is None:
-                key_mask = torch.ones(B, T, dtype=torch.bool, device=idx.device)
-            elif not kv_cache.padded:
-                kv_cache.padded = not bool(key_mask.all())  # (checked only when given: no sync per decode step)
-            if positions is None:
-                positions = kv_cache.lengths[:, None] + (key_mask.long().cumsum(1) - 1).clamp(min=0)
-            kv_cache.valid[:, offset:offset + T] = key_mask
-            padded = kv_cache.padded
-        else:
-            padded = key_mask is not None and (padded or padded is None and not bool(key_mask.all()))
-            if positions is None:
-                positions = ((key_mask.long().cumsum(1) - 1).clamp(min=0) if padded
-                             else torch.arange(T, device=idx.device)[None])
-        mask = None
-        S = offset + T if kv_cache is None else kv_cache.key_width(T)
-        if padded or (kv_cache is not None and ((offset > 0 and T > 1) or S > offset + T)):
-            valid = kv_cache.valid[:, :S] if kv_cache is not None else key_mask
-            q_pos = torch.arange(offset, offset + T, device=idx.device)[:, None]
-            k_pos = torch.arange(S, device=idx.device)[None]
-            mask = (k_pos <= q_pos)[None] & valid[:, None, :]
-            mask = (mask | (k_pos == q_pos)[None])[:, None]  # a pad query sees itself: no all-masked row, no NaN
+        """Final normed hidden states [B, T, C] (the arguments: attention_inputs)."""
+        positions, mask, key_mask = attention_inputs(idx, key_mask, positions, kv_cache, padded)
         cos, sin = rotary(positions, self.config.head_dim)
         x = norm(self.wte(idx))
         for block in self.blocks:
             x = block(x, cos, sin, mask, kv_cache)
         if kv_cache is not None:
-            kv_cache.pos += T
-            kv_cache.lengths += key_mask.sum(1)
+            kv_cache.advance(key_mask)
         return norm(x)
 
     def decode_step(self, token: Tensor, k: Tensor, v: Tensor, valid: Tensor, lengths: Tensor

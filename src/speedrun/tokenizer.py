@@ -119,3 +119,84 @@ def load(path: str | Path) -> Tokenizer:
                             special_tokens=meta["special_tokens"])
     digest = hashlib.sha256(raw + (path / META_FILE).read_bytes()).hexdigest()[:16]
     return Tokenizer(enc, digest)
+
+
+# A checkpoint's byte-level BPE as tiktoken runs it: each pre-tokenizer the loaders know, written as one pattern.
+# GPT-2's split; with its digits first cut one by one (SmolLM2: Digits(individual) then ByteLevel), a digit becomes an
+# alternative of its own and a space run before a digit ends there, as it ends a piece in the two-pass split.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+DIGITS_GPT2_PATTERN = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?=\p{N})|\s+(?!\S)|\s+"""
+GGUF_PRE = {"smollm": DIGITS_GPT2_PATTERN, "gpt-2": GPT2_PATTERN, "default": GPT2_PATTERN}
+
+
+def unicode_bytes() -> dict[str, int]:
+    """GPT-2's byte-level alphabet read back: the printable character that stands for each of the 256 bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]  # the rest are moved past 255, in order
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(shifted)}
+
+
+def checkpoint_encoding(name: str, tokens: list[str], specials: dict[str, int], pattern: str) -> tiktoken.Encoding:
+    """A checkpoint's vocabulary (byte-level strings by id, merges in id order) as a tiktoken Encoding whose ranks
+    are the checkpoint's ids, so tiktoken's lowest-rank-first merging is the checkpoint's merge order. A byte that
+    has no token of its own gets a rank past the vocabulary (ChatMLTokenizer.encode maps it to the unknown token)."""
+    to_byte, ranks = unicode_bytes(), {}
+    for i, t in enumerate(tokens):
+        if t in specials:
+            continue
+        try:
+            ranks[bytes(to_byte[ch] for ch in t)] = i
+        except KeyError:
+            raise ValueError(f"{name}: token {i} {t!r} is not byte-level BPE (a character outside GPT-2's byte "
+                             "alphabet): only byte-level vocabularies are supported") from None
+    extra = len(tokens)
+    for b in range(256):
+        if bytes([b]) not in ranks:
+            ranks[bytes([b])], extra = extra, extra + 1
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+
+
+class ChatMLTokenizer(Tokenizer):
+    """A pretrained checkpoint's tokenizer and its ChatML template (<|im_start|>role\\ncontent<|im_end|>\\n), with
+    the template's default system turn when a conversation brings none. The lab's roles map onto it: a turn's
+    start is <|im_start|>, the assistant's end (the stop token) is <|im_end|>, padding is the checkpoint's bos."""
+
+    def __init__(self, enc: tiktoken.Encoding, digest: str, vocab_size: int, bos_id: int, unk_id: int,
+                 default_system: str = ""):
+        self.enc, self.digest, self.n_vocab, self.unk_id = enc, digest, vocab_size, unk_id
+        self.default_system = default_system
+        self.bos_id = bos_id
+        self.user_start_id = self.assistant_start_id = enc.encode_single_token("<|im_start|>")
+        self.user_end_id = self.assistant_end_id = enc.encode_single_token("<|im_end|>")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.enc.encode_ordinary(text)
+        return ids if max(ids, default=0) < self.n_vocab else [i if i < self.n_vocab else self.unk_id for i in ids]
+
+    def turn(self, role: str, content: str) -> list[int]:
+        return [self.user_start_id, *self.encode(f"{role}\n{content}"), self.user_end_id, *self.encode("\n")]
+
+    def render_conversation(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Every turn in the template; mask 1 on the assistant's content and its <|im_end|> (the stop it learns)."""
+        ids, mask = [], []
+        if self.default_system and (not messages or messages[0]["role"] != "system"):
+            ids += self.turn("system", self.default_system)
+            mask += [0] * len(ids)
+        for i, m in enumerate(messages):
+            if m["role"] not in ("system", "user", "assistant"):
+                raise ValueError(f"unknown role {m['role']!r} in message {i}")
+            body = self.turn(m["role"], m["content"])
+            head = 1 + len(self.encode(m["role"] + "\n"))  # <|im_start|>role\n (one token in ChatML vocabularies)
+            ids += body
+            mask += [0] * len(body) if m["role"] != "assistant" else [0] * head + [1] * (len(body) - head - 1) + [0]
+        return ids, mask
+
+    def render_prompt(self, messages: list[dict]) -> list[int]:
+        if not messages or messages[-1]["role"] != "user":
+            raise ValueError("a prompt must end with a user message")
+        ids, _ = self.render_conversation(messages)
+        return ids + [self.assistant_start_id, *self.encode("assistant\n")]

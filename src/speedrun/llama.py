@@ -1,0 +1,175 @@
+"""A Llama-family decoder (SmolLM2, Llama 2/3, Qwen2-free variants without biases): RMSNorm with weights,
+grouped-query attention, SwiGLU, rotary positions with the checkpoint's theta, tied or untied embeddings.
+
+It keeps the GPT's interface (speedrun.model): hidden() over training, padded and KV-cache batches through the same
+attention_inputs, logits() in fp32, decode_step() for the engine's captured decode, so the engine's sampling and
+sequence log-probs take either model. Weights come from a checkpoint (speedrun.pretrained), not from pretraining.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, rotary
+from speedrun.shapes import record
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    depth: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    ffn_hidden: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tied: bool = True  # the lm head is the token embedding
+    seq_len: int = 2048  # the context the checkpoint was trained on (rotary angles go past it)
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(f"width {self.n_embd}, {self.n_head} query heads and {self.n_kv_head} key/value heads "
+                             "do not divide: a Llama needs width = heads x head_dim and heads = groups x kv heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def hf_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary as Llama checkpoints expect it (first half rotated towards the second): the GPT's turn, reversed."""
+    return apply_rotary(x, cos, -sin)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        c = config
+        self.layer, self.n_head, self.n_kv_head, self.head_dim = layer, c.n_head, c.n_kv_head, c.head_dim
+        self.q = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=False)
+        self.k = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
+        self.v = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
+        self.o = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied."""
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        return hf_rotary(q, cos, sin), hf_rotary(k, cos, sin), v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer, k, v)
+        if self.layer == 0:
+            record("attention", B, T, k.size(2), mask is not None)
+        groups = self.n_head // self.n_kv_head  # each key/value head serves this many query heads
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.up = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(config.n_embd, config.norm_eps), Attention(config, layer)
+        self.mlp_norm, self.mlp = RMSNorm(config.n_embd, config.norm_eps), SwiGLU(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv_cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(LlamaBlock(config, i) for i in range(config.depth))
+        self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tied:
+            self.lm_head.weight = self.wte.weight
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """A random model (tests write it as a checkpoint); real weights come from speedrun.pretrained."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
+               kv_cache: KVCache | None = None, padded: bool | None = None) -> Tensor:
+        """Final normed hidden states [B, T, C] (the arguments: speedrun.model.attention_inputs)."""
+        positions, mask, key_mask = attention_inputs(idx, key_mask, positions, kv_cache, padded)
+        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin, mask, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(key_mask)
+        return self.norm_f(x)
+
+    def decode_step(self, token: Tensor, k: Tensor, v: Tensor, valid: Tensor, lengths: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One static-shape decode step (the contract of GPT.decode_step): token [N] after the cached k, v
+        [L, N, Hkv, S, D]; returns (logits [N, V], the token's keys and values [L, N, Hkv, 1, D]), writing nothing."""
+        N, c = token.size(0), self.config
+        groups = c.n_head // c.n_kv_head
+        cos, sin = rotary(lengths[:, None], c.head_dim, c.rope_theta)
+        bias = torch.zeros(valid.shape, device=valid.device).masked_fill(~valid, float("-inf"))[:, None, None, :]
+        scale = c.head_dim ** -0.5
+        x = self.wte(token[:, None])
+        new_k, new_v = [], []
+        for layer, block in enumerate(self.blocks):
+            q, k1, v1 = block.attn.project(block.attn_norm(x), cos, sin)  # q [N, H, 1, D], k1 v1 [N, Hkv, 1, D]
+            new_k.append(k1)
+            new_v.append(v1)
+            q = q.view(N, c.n_kv_head, groups, c.head_dim)  # a key/value head's query heads side by side
+            kl, vl = k[layer].to(q.dtype), v[layer].to(q.dtype)  # [N, Hkv, S, D]
+            scores = torch.cat([(q @ kl.transpose(-1, -2)).float() * scale + bias,
+                                (q * k1).sum(-1, keepdim=True).float() * scale], -1).softmax(-1)
+            y = scores[..., :-1].to(q.dtype) @ vl + scores[..., -1:].to(q.dtype) * v1  # [N, Hkv, G, D]
+            x = x + block.attn.o(y.reshape(N, 1, -1))
+            x = x + block.mlp(block.mlp_norm(x))
+        return self.logits(self.norm_f(x)[:, -1]), torch.stack(new_k), torch.stack(new_v)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()
+
+    forward = GPT.forward  # logits, or the cross-entropy with the head run only where a target is kept
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # a tied head counted once
