@@ -89,7 +89,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
                          tied="output.weight" not in names, seq_len=field("llama.context_length"))
     state = {}
     for t in reader.tensors:
-        w = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32").copy())
+        w = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32"))  # a writable copy
         name = rename(t.name, GGUF_BLOCK, GGUF_TOP, "blk.", str(path))
         if name.endswith("attn.q.weight"):
             w = unpermute(w, config.n_head)
