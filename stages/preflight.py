@@ -10,7 +10,7 @@ from speedrun.data import task
 from speedrun.stage import run_stage
 
 # dvc.yaml tracks all of params.yaml, and run_stage has checked it by the time main runs; READS: the DAG's own checks
-READS = ("adversarial.cycles", "task.source", "task.train_clusters")
+READS = ("adversarial.cycles", "task.base", "task.source", "task.train_clusters")
 PATHS = {"out": "outs/preflight.txt"}
 
 

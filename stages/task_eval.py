@@ -31,7 +31,7 @@ from speedrun.train.checkpoint import load_model
 
 READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "task.run", "task.seeds", "task.variants",
          "task.source", "task.train_clusters", "task.train.temperature", "task.eval")
-PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/tokenizer", "sft_dir": "outs/task_sft",
+PATHS = {"items": "data/task/items.parquet", "tokenizer_dir": "outs/task_base/tokenizer", "sft_dir": "outs/task_sft",
          "runs_dir": "outs/task_grpo", "runs_metrics": "reports/metrics/task_grpo",
          "rm_metrics": "reports/metrics/task_rm.json", "answers":
          "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json", "report": "reports/task.md",

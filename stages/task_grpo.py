@@ -27,7 +27,7 @@ from speedrun.train.checkpoint import load_model
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "compute.run_threads",
          "task.source", "task.train", "task.train_clusters", "task.density", "task.variants.{arm}")
-PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/tokenizer",
+PATHS = {"sft_dir": "outs/task_sft", "rm_dir": "outs/task_rm", "tokenizer_dir": "outs/task_base/tokenizer",
          "items": "data/task/items.parquet", "out_dir": "outs/task_grpo/{arm}_s{seed}",
          "metrics": "reports/metrics/task_grpo/{arm}_s{seed}.json"}
 IDS = {"arm": str, "seed": int}  # run ids: the DVC foreach/matrix keys

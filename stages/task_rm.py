@@ -10,7 +10,7 @@ from speedrun.train import distributed
 from speedrun.train.checkpoint import context_length
 
 READS = ("compute", "task.rm", "task.sft.seed")
-PATHS = {"pairs": ["data/task/pairs.parquet"], "init_dir": "outs/task_sft", "tokenizer_dir": "outs/tokenizer",
+PATHS = {"pairs": ["data/task/pairs.parquet"], "init_dir": "outs/task_sft", "tokenizer_dir": "outs/task_base/tokenizer",
          "scratch_dir": "scratch/task_rm", "out_dir": "outs/task_rm", "metrics": "reports/metrics/task_rm.json"}
 
 

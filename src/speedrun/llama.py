@@ -173,3 +173,9 @@ class Llama(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # a tied head counted once
+
+    def estimate_flops(self) -> float:
+        """Training FLOPs per token, as GPT.estimate_flops counts them: the head's matmul counts, tied or not."""
+        c = self.config
+        matmul_params = self.num_params() - self.wte.weight.numel() + (self.lm_head.weight.numel() if c.tied else 0)
+        return float(6 * matmul_params + 12 * c.depth * c.n_head * c.head_dim * c.seq_len)

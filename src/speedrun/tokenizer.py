@@ -96,15 +96,23 @@ def _encoding(ranks: dict[bytes, int]) -> tiktoken.Encoding:
     return tiktoken.Encoding(name="speedrun", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special)
 
 
-def save(enc: tiktoken.Encoding, out_dir: Path) -> None:
+def save(enc: tiktoken.Encoding, out_dir: Path, extra: dict | None = None) -> None:
+    """The ranks file and the JSON beside it; `extra`: a checkpoint tokenizer's keys (save_chatml)."""
     ranks = enc._mergeable_ranks  # tiktoken keeps them; we write them in its own .tiktoken format
     lines = "".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in sorted(ranks.items(), key=lambda x: x[1]))
     write_text(Path(out_dir) / RANKS_FILE, lines)
     write_json(Path(out_dir) / META_FILE, {"pattern": enc._pat_str, "special_tokens": enc._special_tokens,
-                                           "vocab_size": enc.n_vocab})
+                                           "vocab_size": enc.n_vocab, **(extra or {})})
+
+
+def save_chatml(tok: ChatMLTokenizer, out_dir: Path) -> None:
+    """A checkpoint's tokenizer in the lab's files: load() reads it back as a ChatMLTokenizer."""
+    save(tok.enc, out_dir, {"vocab_size": tok.n_vocab, "template": "chatml", "bos_id": tok.bos_id,
+                            "unk_id": tok.unk_id, "default_system": tok.default_system})
 
 
 def load(path: str | Path) -> Tokenizer:
+    """The tokenizer saved in a dir: the lab's own (tokenizer stage), or a checkpoint's with its ChatML template."""
     path = Path(path)
     raw = (path / RANKS_FILE).read_bytes()
     ranks = {}
@@ -118,7 +126,11 @@ def load(path: str | Path) -> Tokenizer:
     enc = tiktoken.Encoding(name="speedrun", pat_str=meta["pattern"], mergeable_ranks=ranks,
                             special_tokens=meta["special_tokens"])
     digest = hashlib.sha256(raw + (path / META_FILE).read_bytes()).hexdigest()[:16]
-    return Tokenizer(enc, digest)
+    if meta.get("template", "lab") == "lab":
+        return Tokenizer(enc, digest)
+    if meta["template"] != "chatml":
+        raise ValueError(f"{path / META_FILE}: template {meta['template']!r} is not one the lab renders (lab, chatml)")
+    return ChatMLTokenizer(enc, digest, meta["vocab_size"], meta["bos_id"], meta["unk_id"], meta["default_system"])
 
 
 # A checkpoint's byte-level BPE as tiktoken runs it: each pre-tokenizer the loaders know, written as one pattern.

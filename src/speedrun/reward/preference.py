@@ -21,8 +21,9 @@ from torch import Tensor
 
 from speedrun.common import SPLITS, read_json, require_values, torch_load
 from speedrun.engine import continuation_hidden, sequence_logprobs
-from speedrun.model import GPT, GPTConfig
+from speedrun.model import GPT
 from speedrun.tokenizer import Tokenizer, cut_prompt
+from speedrun.train.checkpoint import Config, build, model_config
 from speedrun.train.data import StepSampler, by_length
 
 MIN_RESPONSE_TOKENS = 16  # a longer prompt is cut to leave this much room: a response is not scored on a stub
@@ -33,16 +34,17 @@ POOLS = ("last", "mean")
 
 
 class RewardModel(nn.Module):
-    """GPT trunk (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std` standardise rewards.
-    pool "last": the head reads the last real token; "mean": the mean of the head's per-token scores over the
-    response tokens (each token's evidence adds up, as in the adversarial discriminator's token head)."""
+    """The policy's trunk, GPT or Llama (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std`
+    standardise rewards. pool "last": the head reads the last real token; "mean": the mean of the head's per-token
+    scores over the response tokens (each token's evidence adds up, as in the adversarial discriminator's token
+    head)."""
 
-    def __init__(self, config: GPTConfig, pool: str = "last"):
+    def __init__(self, config: Config, pool: str = "last"):
         super().__init__()
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
         self.config, self.pool = config, pool
-        self.trunk = GPT(config)
+        self.trunk = build(config)
         self.trunk.lm_head = None  # the reward reads hidden states, never vocabulary logits
         self.head = nn.Linear(config.n_embd, 1, bias=False)  # a bias cancels in r_chosen - r_rejected
         nn.init.zeros_(self.head.weight)  # every reward starts at 0: loss log 2, no random preference
@@ -61,7 +63,7 @@ class RewardModel(nn.Module):
         meta = read_json(Path(rm_dir) / "meta.json")
         if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
             raise ValueError(f"{rm_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
-        rm = cls(GPTConfig(**meta["config"]), meta.get("pool", "last"))
+        rm = cls(model_config(meta, Path(rm_dir) / "meta.json"), meta.get("pool", "last"))
         rm.load_state_dict(torch_load(Path(rm_dir) / "model.pt"))
         rm.reward_mean, rm.reward_std = float(meta["reward_mean"]), float(meta["reward_std"])
         rm.max_len = int(meta.get("max_len", rm.config.seq_len))

@@ -1,5 +1,5 @@
-"""Checkpoints: model.pt (a plain state dict) + meta.json (config, tokenizer digest, step, metrics).
-Everything loads with torch.load(weights_only=True): no pickled code."""
+"""Checkpoints: model.pt (a plain state dict) + meta.json (config, tokenizer digest, step, metrics; "arch" for a model
+other than the lab's GPT). Everything loads with torch.load(weights_only=True): no pickled code."""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -8,13 +8,35 @@ from pathlib import Path
 import torch
 
 from speedrun.common import read_json, torch_load, torch_save, write_json
+from speedrun.llama import Llama, LlamaConfig
 from speedrun.model import GPT, GPTConfig
 
+ARCHS = {"gpt": (GPT, GPTConfig), "llama": (Llama, LlamaConfig)}  # meta.json's "arch": the model and its config
+Config = GPTConfig | LlamaConfig
 
-def save_model(out_dir: Path, state_dict: dict[str, torch.Tensor], config: GPTConfig, meta: dict) -> None:
+
+def arch(config: Config) -> str:
+    return next(name for name, (_, cls) in ARCHS.items() if isinstance(config, cls))
+
+
+def build(config: Config) -> GPT | Llama:
+    """A fresh model of the config's architecture (weights from a state dict next)."""
+    return ARCHS[arch(config)][0](config)
+
+
+def model_config(meta: dict, where: Path | str) -> Config:
+    """The config a checkpoint's meta.json records (no "arch": the lab's GPT, as every checkpoint before it)."""
+    name = meta.get("arch", "gpt")
+    if name not in ARCHS:
+        raise ValueError(f"{where}: arch {name!r} is not one the lab builds ({sorted(ARCHS)})")
+    return ARCHS[name][1](**meta["config"])
+
+
+def save_model(out_dir: Path, state_dict: dict[str, torch.Tensor], config: Config, meta: dict) -> None:
     out_dir = Path(out_dir)
     torch_save(out_dir / "model.pt", {k: v.detach().cpu().contiguous() for k, v in state_dict.items()})
-    write_json(out_dir / "meta.json", {"config": asdict(config), **meta})
+    kind = {} if isinstance(config, GPTConfig) else {"arch": arch(config)}  # a GPT's meta as it always was
+    write_json(out_dir / "meta.json", {"config": asdict(config), **kind, **meta})
 
 
 def load_meta(ckpt_dir: Path) -> dict:
@@ -33,12 +55,14 @@ def context_length(value: int, ckpt_dir: Path, reserve: int = 0, key: str = "max
     return seq_len - reserve
 
 
-def load_model(ckpt_dir: Path, device: str = "cpu", tokenizer_digest: str | None = None) -> tuple[GPT, dict]:
-    """The GPT of a checkpoint dir, on device, in eval mode; checks the tokenizer it was trained with."""
+def load_model(ckpt_dir: Path, device: str = "cpu", tokenizer_digest: str | None = None
+               ) -> tuple[GPT | Llama, dict]:
+    """The model of a checkpoint dir (the lab's GPT, or a pretrained Llama), on device, in eval mode; checks the
+    tokenizer it was trained with."""
     meta = load_meta(ckpt_dir)
     if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
         raise ValueError(f"{ckpt_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
-    model = GPT(GPTConfig(**meta["config"]))
+    model = build(model_config(meta, Path(ckpt_dir) / "meta.json"))
     model.load_state_dict(torch_load(Path(ckpt_dir) / "model.pt"))
     return model.to(device).eval(), meta
 
