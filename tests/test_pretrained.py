@@ -150,6 +150,29 @@ def test_the_base_stage_writes_a_checkpoint_every_task_stage_loads(tmp_path):
         assert torch.equal(back(ids), rm.eval()(ids))
 
 
+def test_the_base_stage_copies_the_labs_own_model_byte_for_byte(tmp_path):
+    """task.base own (the default): the chat SFT model and tokenizer, the same bytes, so the default task track is
+    what it was; meta.json adds where it came from, which task_sft records as its init."""
+    from conftest import run_module
+    from speedrun import tokenizer as tokenizer_lib
+    from speedrun.model import GPT, GPTConfig
+    from speedrun.train.checkpoint import load_meta, load_model, save_model
+
+    tokenizer_lib.save(tokenizer_lib._encoding({bytes([b]): b for b in range(256)}), tmp_path / "tokenizer")
+    tok = tokenizer_lib.load(tmp_path / "tokenizer")
+    config = GPTConfig(vocab_size=tok.vocab_size, depth=1, n_embd=64, head_dim=32, seq_len=16)
+    save_model(tmp_path / "sft", GPT(config).state_dict(), config, {"tokenizer": tok.digest, "step": 3})
+    out = tmp_path / "base"
+    run_module("stages.task_base", "--sft-dir", str(tmp_path / "sft"), "--tokenizer-dir", str(tmp_path / "tokenizer"),
+               "--out-dir", str(out))
+    assert (out / "model.pt").read_bytes() == (tmp_path / "sft/model.pt").read_bytes()
+    for name in (tokenizer_lib.RANKS_FILE, tokenizer_lib.META_FILE):
+        assert (out / "tokenizer" / name).read_bytes() == (tmp_path / "tokenizer" / name).read_bytes()
+    assert load_meta(out) == {**load_meta(tmp_path / "sft"), "base": str(tmp_path / "sft")}
+    model, meta = load_model(out, "cpu", tokenizer_lib.load(out / "tokenizer").digest)
+    assert isinstance(model, GPT) and "arch" not in meta
+
+
 def smollm2_path() -> Path:
     return wheel_checkpoint("smollm2-135m")
 
