@@ -44,7 +44,7 @@ def main(p, io) -> None:
              "stopped_early": result.stopped_early, "tokens_seen": result.tokens,
              "params": model.num_params(), **throughput(result, model.estimate_flops())}
         save_model(io.out_dir, result.best_state, config,
-                   {"tokenizer": tok.digest, "step": result.steps_done, "val_bpb": m["val_bpb"]})
+                   {"tokenizer": tok.digest, "step": result.best_step, "val_bpb": m["val_bpb"]})
         write_logs(io.out_dir, result)
         m["copy_gain"] = copy_gain(model, tok, p.seed, d.device)  # can it copy from its context? (outputs.py)
         write_json(io.metrics, m)

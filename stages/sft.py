@@ -54,7 +54,7 @@ def main(p, io) -> None:
              "source": c.source, "train_conversations": len(rendered["train"]), "skipped": skipped,
              **throughput(result, model.estimate_flops())}
         save_model(io.out_dir, result.best_state, model.config,
-                   {"tokenizer": tok.digest, "step": result.steps_done, "val_loss": m["val_loss"],
+                   {"tokenizer": tok.digest, "step": result.best_step, "val_loss": m["val_loss"],
                     "init": str(io.init_dir)})
         write_logs(io.out_dir, result)
         m["copy_gain"] = copy_gain(model, tok, p.seed, d.device)  # can it copy from its context? (outputs.py)

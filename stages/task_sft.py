@@ -13,6 +13,7 @@ from speedrun.train import data, distributed
 from speedrun.train.checkpoint import context_length, load_model, save_model
 from speedrun.train.loop import train
 from speedrun.train.outputs import throughput, write_logs
+from speedrun.trunk import freeze_trunk
 
 READS = ("compute", "task.sft", "task.eval.samples", "task.eval.max_new_tokens")
 PATHS = {"init_dir": "outs/task_base", "tokenizer_dir": "outs/task_base/tokenizer", "items": "data/task/items.parquet",
@@ -30,6 +31,7 @@ def main(p, io) -> None:
     val = rendered["val"][:c.eval_convs]
     seed_everything(c.seed)
     model, base = load_model(io.init_dir, d.device, tok.digest)
+    freeze_trunk(model, c.frozen_blocks, "task.sft.frozen_blocks")
     model.train()
     cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device), compile=p.compute.compile,
                               monitor="val_loss")
@@ -53,7 +55,7 @@ def main(p, io) -> None:
              "train_conversations": len(rendered["train"]), "val_items": len(val_items),
              "val_pass@1": s["pass@1"], "val_coverage": s["coverage"], **throughput(result, model.estimate_flops())}
         save_model(io.out_dir, result.best_state, model.config,
-                   {"tokenizer": tok.digest, "step": result.steps_done, "val_loss": m["val_loss"],
+                   {"tokenizer": tok.digest, "step": result.best_step, "val_loss": m["val_loss"],
                     "init": base.get("base", str(io.init_dir))})
         write_logs(io.out_dir, result)
         write_json(io.metrics, m)

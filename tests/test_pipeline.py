@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from conftest import dvc, git, make_pipeline_repo, run_module, set_params
+from speedrun.train.checkpoint import load_model
 
 GRPO_RUNS = [f"grpo@{v}-{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)]
 TASK_RUNS = [f"task_grpo@{a}-{s}" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)]
@@ -142,6 +144,10 @@ def _first_repro(repo: Path) -> None:
         f"{a}_s{s}.json" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)}
     assert "task_grpo: training checker_s1, checker_s2, density_s1" in out and "--- [8/8] " in out
     assert out.count("was trained beside an earlier run of the track; installing it") == 7 + 5
+    for stage, monitor in (("pretrain", "val_bpb"), ("sft", "val_loss"), ("task_sft", "val_loss")):
+        evals = pd.read_csv(repo / f"outs/{stage}/eval.csv").query("step > 0")  # a checkpoint's step: its weights'
+        assert json.loads((repo / f"outs/{stage}/meta.json").read_text())["step"] == \
+            evals["step"][evals[monitor].idxmin()], stage
     diversity = json.loads((repo / "reports/metrics/diversity.json").read_text())
     assert {"grpo_density_s1", "grpo_baseline_s2", "sft", "density_vs_baseline", "density_vs_sft"} <= set(diversity)
     assert set(diversity["density_vs_baseline"]["delta"]) >= {"ead_1", "reward", "ref_loglik", "tic_share"}
@@ -365,11 +371,18 @@ def _unknown_keys_stop_before_any_stage(repo: Path) -> None:
 def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     """The README's pretrained-base experiment, on a tiny random Llama written here as a GGUF file: task_base reads
     it, and the task track runs from it (task SFT in its ChatML template, the RM on its trunk, every GRPO run, the
-    evaluation); nothing of the chat or adversarial tracks reruns."""
+    evaluation), the task SFT and every GRPO run training the last of its two blocks only; nothing of the chat or
+    adversarial tracks reruns."""
     from tiny_llama import write_gguf, write_hf
     path = write_gguf(elsewhere / "tiny.gguf", write_hf(elsewhere / "hf", tied=True)[0])
-    out = dvc(repo, "exp", "run", "-n", "tiny-llama", "-S", f"task.base=gguf:{path}", *LLAMA_LENGTHS)
+    out = dvc(repo, "exp", "run", "-n", "tiny-llama", "-S", f"task.base=gguf:{path}", *LLAMA_LENGTHS,
+              "-S", "task.sft.frozen_blocks=1", "-S", "task.train.frozen_blocks=1")
     assert ran(out) == {"preflight", "task_base", "task_sft", "task_rm", *TASK_RUNS, "task_eval"}, ran(out)
+    base, sft, run = (load_model(repo / d)[0].state_dict() for d in ("outs/task_base", "outs/task_sft",
+                                                                      "outs/task_grpo/rm_s1"))
+    for name in base:  # the embedding (the tied head) and block 0 stay the base's; block 1 and the norm train
+        assert torch.equal(base[name], sft[name]) == (not name.startswith(("blocks.1.", "norm_f."))), name
+        assert torch.equal(sft[name], run[name]) == (not name.startswith(("blocks.1.", "norm_f."))), name
     assert "task_base: gguf:" in out and "a Llama of" in out
     meta = json.loads((repo / "outs/task_sft/meta.json").read_text())
     assert meta["arch"] == "llama" and meta["init"].startswith("tiny.gguf sha256 ")

@@ -221,6 +221,7 @@ class GRPOConfig:
     bf16: bool = derived(None)
     decode: str = derived(None)  # compute.decode: how generate() decodes
     warm_up: bool = derived(None)  # one dummy step per prompt width before step 0 (on CUDA: plans and graphs)
+    frozen_blocks: int = derived(0)  # the policy's bottom blocks left frozen (a task.train knob; speedrun.trunk)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,8 +16,18 @@ class TaskSFTConfig(TrainConfig):
     batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
     eval_convs: int = knob("val conversations per evaluation", ge=1)
+    frozen_blocks: int = knob("the model's bottom blocks left frozen with the token embedding (a tied head with "
+                              "it): only the blocks above train (0 = every weight trains); speedrun.trunk", ge=0)
     seed: int = knob("the task SFT model's seed (its conversations, data order and val answers) and its reward "
                      "model's (task_rm): an upstream seed of every task arm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskGRPOConfig(PromptGRPOConfig):
+    """Every task arm's GRPO (stage task_grpo)."""
+    frozen_blocks: int = knob("the policy's bottom blocks left frozen with the token embedding (a tied head with it); "
+                              "the policy and its reference share their activations, computed once a step (0 = every "
+                              "weight trains); speedrun.trunk", ge=0)
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ class TaskSection:
     seeds: list[int] = knob("GRPO training seeds of every task arm")
     run: list[str] = knob("the task arms this run trains and evaluates")
     variants: dict[str, TaskVariant] = knob("every task arm's definition: same task SFT model and budget")
-    train: PromptGRPOConfig = knob("every task arm's GRPO settings")
+    train: TaskGRPOConfig = knob("every task arm's GRPO settings")
     density: DensityConfig = knob("the task arms' density-aware weights")
     eval: TaskEvalConfig = knob("the task evaluation")
 

@@ -355,7 +355,8 @@ def joint_hidden(model: GPT, prompt_ids: Tensor, prompt_mask: Tensor, tokens: Te
 def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, *,
                       prompt_index: Tensor | None = None, mask: Tensor | None = None,
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, pad_id: int = 0,
-                      entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                      entropy: bool = False, trunk: "FrozenTrunk | None" = None  # noqa: F821
+                      ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probs [N, T] of completion `tokens` [N, T] after their prompts, WITH gradients, under
     process_logits(temperature, top_k, top_p); each prompt is run once (continuation_hidden).
 
@@ -363,6 +364,7 @@ def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Ten
     N / len(prompts) times, adjacent). Where `mask` is 0 the result is 0. A sampled token that the current
     top-k/top-p would truncate keeps a finite log-prob (it stays in the support). entropy=True: also the entropy
     [N, T] of each position's whole next-token distribution (nats, with gradients), for an entropy bonus.
+    trunk (speedrun.trunk.frozen_trunk of these prompts and tokens): model runs only its blocks after the trunk.
     """
     N, T = tokens.shape
     n_prompts = prompts.size(0) if isinstance(prompts, Tensor) else len(prompts)
@@ -370,17 +372,22 @@ def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Ten
         if N % n_prompts:
             raise ValueError(f"{N} completion rows do not split evenly over {n_prompts} prompts: pass prompt_index")
         prompt_index = torch.arange(n_prompts, device=tokens.device).repeat_interleave(N // n_prompts)
-    if mask is None:
+    if trunk is not None:
+        if mask is None:
+            raise ValueError("a frozen trunk covers the masked-in tokens: pass the mask it was built with")
+        hidden = trunk.completion_states(model, T)
+    elif mask is None:
         last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id)
         hidden = torch.cat([last[:, None], hidden], 1)  # the states that predict completion tokens 0 .. T-1
+    else:  # only the masked-in tokens are run (rows grouped by length)
+        lengths = (real_width(mask > 0) - 1).clamp(min=0)  # the states needed: up to the token before the last real
+        last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id, lengths)
+        hidden = torch.cat([last[:, None], hidden], 1)
+    if mask is None:
         lp = process_logits(model.logits(hidden), temperature, top_k, top_p, keep=tokens)
         picked_lp = lp.gather(-1, tokens[..., None]).squeeze(-1)
         return (picked_lp, distribution_entropy(lp)) if entropy else picked_lp
-    # only the masked-in tokens are run (rows grouped by length) and only their logits computed
-    real = mask > 0
-    lengths = (real_width(real) - 1).clamp(min=0)  # the states needed: up to the token before the last real one
-    last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id, lengths)
-    hidden = torch.cat([last[:, None], hidden], 1)
+    real = mask > 0  # only the masked-in tokens' logits are computed
     picked = tokens[real]
     lp = process_logits(model.logits(hidden[real]), temperature, top_k, top_p, keep=picked)
     out = lp.new_zeros(N, T)

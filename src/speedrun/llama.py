@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, rotary
+from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, rotary, trunk_blocks
 from speedrun.shapes import record
 
 
@@ -131,16 +131,18 @@ class Llama(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
 
     def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
-               kv_cache: KVCache | None = None, padded: bool | None = None) -> Tensor:
-        """Final normed hidden states [B, T, C] (the arguments: speedrun.model.attention_inputs)."""
+               kv_cache: KVCache | None = None, padded: bool | None = None, split: int | None = None,
+               resume: Tensor | None = None) -> Tensor:
+        """Final normed hidden states [B, T, C] (the arguments: speedrun.model.attention_inputs; split and resume:
+        GPT.hidden's)."""
         positions, mask, key_mask = attention_inputs(idx, key_mask, positions, kv_cache, padded)
         cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
-        x = self.wte(idx)
-        for block in self.blocks:
+        x = self.wte(idx) if resume is None else resume
+        for block in trunk_blocks(self.blocks, split, resume):
             x = block(x, cos, sin, mask, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(key_mask)
-        return self.norm_f(x)
+        return x if split is not None and resume is None else self.norm_f(x)
 
     def decode_step(self, token: Tensor, k: Tensor, v: Tensor, valid: Tensor, lengths: Tensor
                     ) -> tuple[Tensor, Tensor, Tensor]:

@@ -160,6 +160,18 @@ def attention_inputs(idx: Tensor, key_mask: Tensor | None, positions: Tensor | N
     return positions, mask, key_mask
 
 
+def trunk_blocks(blocks: nn.ModuleList, split: int | None, resume: Tensor | None) -> nn.ModuleList:
+    """The blocks a hidden() call runs: all; the first `split` (the frozen trunk); or, resuming from the trunk's
+    residual, the ones after it."""
+    if split is None:
+        if resume is not None:
+            raise ValueError("resume needs split: the number of blocks the resumed residual has been through")
+        return blocks
+    if not 0 < split < len(blocks):
+        raise ValueError(f"split {split}: a frozen trunk is 1 to {len(blocks) - 1} of the model's {len(blocks)} blocks")
+    return blocks[split:] if resume is not None else blocks[:split]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
@@ -232,16 +244,19 @@ class GPT(nn.Module):
             nn.init.zeros_(block.mlp.c_proj.weight)
 
     def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
-               kv_cache: KVCache | None = None, padded: bool | None = None) -> Tensor:
-        """Final normed hidden states [B, T, C] (the arguments: attention_inputs)."""
+               kv_cache: KVCache | None = None, padded: bool | None = None, split: int | None = None,
+               resume: Tensor | None = None) -> Tensor:
+        """Final normed hidden states [B, T, C] (the arguments: attention_inputs). split=k (no cache), a frozen
+        trunk's two halves (engine.FrozenTrunk): without resume the residual stream after the first k blocks, not
+        normed; with resume= that residual, the states the blocks after it give."""
         positions, mask, key_mask = attention_inputs(idx, key_mask, positions, kv_cache, padded)
         cos, sin = rotary(positions, self.config.head_dim)
-        x = norm(self.wte(idx))
-        for block in self.blocks:
+        x = norm(self.wte(idx)) if resume is None else resume
+        for block in trunk_blocks(self.blocks, split, resume):
             x = block(x, cos, sin, mask, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(key_mask)
-        return norm(x)
+        return x if split is not None and resume is None else norm(x)
 
     def decode_step(self, token: Tensor, k: Tensor, v: Tensor, valid: Tensor, lengths: Tensor
                     ) -> tuple[Tensor, Tensor, Tensor]:

@@ -63,7 +63,7 @@ def train_discriminator(init_dir: Path, data_dir: Path, tokenizer_dir: Path, cfg
                    name=f"adv_rm@{cycle}")
     disc.load_state_dict(result.best_state)
     m = {"cycle": cycle, "init": str(init_dir), "head": r.head, "train_last_blocks": r.train_last_blocks,
-         "steps": result.steps_done, "stopped_early": result.stopped_early, "best_step": result.best_eval["step"],
+         "steps": result.steps_done, "stopped_early": result.stopped_early, "best_step": result.best_step,
          "val_loss": round(result.best_eval["val_loss"], 5), "train_rows": len(x["train"]), "val_rows": len(x["val"]),
          **{k: (round(v, 5) if isinstance(v, float) else v)
             for k, v in metrics(logits_of(disc, x["val"], device, cfg.bf16), val_k, val_pure, n).items()}}

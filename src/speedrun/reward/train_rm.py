@@ -83,10 +83,10 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
          "cut_to_max_len": {"train": train_cut, "val": val_cut},
          "pool": r.pool, "train_last_blocks": r.train_last_blocks, "trained_params": n_trained,
          "steps": result.steps_done,
-         "best_step": result.best_eval["step"], "stopped_early": result.stopped_early, "pairs_seen": result.tokens,
+         "best_step": result.best_step, "stopped_early": result.stopped_early, "pairs_seen": result.tokens,
          "pairs_per_s": round(result.tokens / max(result.train_seconds, 1e-9), 1)}
     val_keys = ("val_acc", "val_margin", "val_loss", "baseline_acc", "sft_logprob_acc", "by_kind")
-    meta = {"tokenizer": tok.digest, "step": result.steps_done, "init": str(init_dir), "max_len": r.max_len,
+    meta = {"tokenizer": tok.digest, "step": result.best_step, "init": str(init_dir), "max_len": r.max_len,
             "train_kinds": r.train_kinds,
             "pool": r.pool, "train_last_blocks": r.train_last_blocks, "reward_mean": m["reward_mean"],
             "reward_std": m["reward_std"], "val": {k: m[k] for k in val_keys}}

@@ -23,6 +23,7 @@ from speedrun.shapes import ShapeCounter, count_shapes, round_up, width_step
 from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
 from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import autocast
+from speedrun.trunk import FrozenTrunk, freeze_trunk, frozen_trunk, require_shared_trunk
 
 # (step, generator) -> indices of the step's prompts
 DrawFn = Callable[[int, torch.Generator], torch.Tensor]
@@ -56,6 +57,9 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
     d = d or Dist(0, 1, device)
     stream = stream or name
     ref.eval().requires_grad_(False)
+    if cfg.frozen_blocks:
+        freeze_trunk(policy, cfg.frozen_blocks, f"{name}: frozen_blocks")
+        require_shared_trunk(policy, ref, cfg.frozen_blocks)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sample_kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
@@ -81,7 +85,10 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
                 s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
                              decode=cfg.decode, **sample_kw)
                 local_rewards = reward_fn(batch, s).float().to(device)
-                ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
+                trunk = frozen_trunk(policy, batch, s.tokens, s.mask, cfg.frozen_blocks, pad_id) \
+                    if cfg.frozen_blocks else None  # the policy's and the reference's, the same weights
+                ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, trunk=trunk,
+                                             **sample_kw)
             rewards = all_gather_cat(local_rewards, d).cpu()
             check_finite(float(rewards.mean()), f"{name} reward", step)
             t_sample = time.perf_counter() - t0
@@ -90,7 +97,7 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             loss_mask, per_row, n_loss = masks(s, stop_id, cfg, d)
             policy.train()
             stats, grad_norm = update(policy, opt, params, batch, s, ref_logp, adv, loss_mask, n_loss, step, cfg,
-                                      device, pad_id, sample_kw, d, name)
+                                      device, pad_id, sample_kw, d, name, trunk)
             n_tok = int(per_row[:, 0].sum())
             tokens += n_tok
             seconds = time.perf_counter() - t0
@@ -136,16 +143,17 @@ def masks(s: Samples, stop_id: int | None, cfg: GRPOConfig, d: Dist) -> tuple[to
 def update(policy: nn.Module, opt: torch.optim.Optimizer, params: list[nn.Parameter], batch: list[list[int]],
            s: Samples, ref_logp: torch.Tensor, adv: torch.Tensor, loss_mask: torch.Tensor, n_loss: float, step: int,
            cfg: GRPOConfig, device: str, pad_id: int, sample_kw: dict, d: Dist,
-           name: str) -> tuple[dict, float]:
+           name: str, trunk: FrozenTrunk | None = None) -> tuple[dict, float]:
     """The step's cfg.inner_updates passes of the clipped token loss (none when every completion is masked); returns
-    the last pass's stats, averaged over every rank's tokens, and its gradient norm."""
+    the last pass's stats, averaged over every rank's tokens, and its gradient norm. trunk: the frozen blocks'
+    activations, shared by every pass."""
     stats, grad_norm = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0}, 0.0
     for _ in range(cfg.inner_updates if n_loss > 0 else 0):
         for grp in opt.param_groups:
             grp["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
         with autocast(device, cfg.bf16):
             out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
-                                    entropy=cfg.entropy_bonus > 0, **sample_kw)
+                                    entropy=cfg.entropy_bonus > 0, trunk=trunk, **sample_kw)
         logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
         loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
                                  cfg.beta, normaliser=n_loss) if loss_mask.any() else \
@@ -210,10 +218,12 @@ def warm_up(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], cfg: GR
         with torch.no_grad(), autocast(device, cfg.bf16):
             s = generate(policy, batch, G, T, pad_id=pad_id, uniforms=torch.zeros(B * G, T, device=device),
                          decode=cfg.decode, **sample_kw)
-            sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, **sample_kw)
+            trunk = frozen_trunk(policy, batch, s.tokens, s.mask, cfg.frozen_blocks, pad_id) \
+                if cfg.frozen_blocks else None
+            sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, trunk=trunk, **sample_kw)
         with autocast(device, cfg.bf16):
             out = sequence_logprobs(policy, batch, s.tokens, mask=s.mask, pad_id=pad_id,
-                                    entropy=cfg.entropy_bonus > 0, **sample_kw)
+                                    entropy=cfg.entropy_bonus > 0, trunk=trunk, **sample_kw)
         sum(o.float().sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
         policy.zero_grad(set_to_none=True)
 

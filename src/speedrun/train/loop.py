@@ -41,6 +41,11 @@ class TrainResult:
     log: list[dict] = field(default_factory=list)  # per-step train rows
     evals: list[dict] = field(default_factory=list)  # per-eval rows
 
+    @property
+    def best_step(self) -> int:
+        """The step whose weights best_state holds (0: the model as it came): a checkpoint's "step"."""
+        return int(self.best_eval.get("step", 0))
+
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:

@@ -1,0 +1,168 @@
+"""A GRPO step of the task track on SmolLM2-135M-Instruct (issue 71, item 5): seconds per step and completion tokens
+per second, every weight trained against the last blocks only (task.train.frozen_blocks), the frozen trunk's
+activations shared by the policy and its reference (speedrun.trunk) or recomputed by each forward (the same blocks
+frozen by hand); and TRL's GRPOTrainer on the same model, prompts, checker reward and batch, where it is installed
+(`pip install --no-deps trl==1.16.0`: its other dependencies are the lab's). The settings rotate in rounds, so a
+noisy machine slows them alike; the first step of every run is a warm-up and left out.
+
+    python bench/grpo_smollm2.py --rounds 2 --steps 3 --frozen 26
+Needs data/task/items.parquet (`dvc repro task_data`) and the SmolLM2 wheel (fetched into $SPEEDRUN_CACHE once)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import typer
+
+from speedrun import params as params_lib
+from speedrun.data import task
+from speedrun.engine import completion_texts
+from speedrun.pretrained import load_base, wheel_checkpoint
+from speedrun.rl.density import draw_prompts
+from speedrun.rl.prompts import load_prompts
+from speedrun.rl.trainer import grpo_train
+from speedrun.trunk import freeze_trunk
+from speedrun.typer_app import new_app
+
+app = new_app()
+
+
+def lab_run(model, ck, ids, items, cfg, frozen: int, shared: bool, steps: int) -> list[dict]:
+    """One grpo_train run of `steps` + 1 steps; its per-step log without the warm-up step."""
+    policy, ref = copy.deepcopy(model), copy.deepcopy(model)
+    if not shared:
+        freeze_trunk(policy, frozen)  # frozen by hand: the trainer recomputes the trunk in every forward
+    tok = ck.tokenizer
+    weights = torch.full((len(ids),), 1 / len(ids), dtype=torch.float64)
+    step_idx = []
+
+    def draw(step: int, g: torch.Generator) -> torch.Tensor:
+        step_idx.append(draw_prompts(weights, cfg.prompts_per_step, g))
+        return step_idx[-1]
+
+    def reward(batch, s) -> torch.Tensor:
+        mine = step_idx[-1][s.prompt_index.cpu()]
+        return torch.tensor([float(task.check(items[i], t) is not None)
+                             for i, t in zip(mine.tolist(), completion_texts(s, tok))])
+
+    run_cfg = dataclasses.replace(cfg, steps=steps + 1, frozen_blocks=frozen if shared else 0)
+    return grpo_train(policy, ref, ids, draw, reward, run_cfg, "cpu", tok.assistant_end_id, tok.bos_id).log[1:]
+
+
+def hf_folder(gguf: Path) -> Path:
+    """The GGUF file as a transformers folder (fp32 safetensors), made once beside it: TRL builds its reference
+    model from the policy's path, which a GGUF file is not, and refuses to train a model loaded from one."""
+    folder = gguf.parent / "hf-fp32"
+    if not (folder / "model.safetensors").is_file():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):  # the weights are dequantized: no quantizer's flag
+            del config.quantization_config
+        plain = type(loaded)(config)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(folder)
+    return folder
+
+
+def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int) -> list[dict] | None:
+    """TRL's GRPOTrainer on the same batch (B prompts x G completions, no gradient checkpointing, fp32 on the CPU,
+    the lab's beta), the transformers model loaded from the same GGUF file; None where trl is not installed."""
+    try:
+        import trl
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    except ImportError:
+        return None
+    hf = hf_folder(gguf)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    if frozen:  # the same weights frozen as speedrun.trunk.freeze_trunk freezes
+        model.model.embed_tokens.requires_grad_(False)
+        for layer in model.model.layers[:frozen]:
+            layer.requires_grad_(False)
+    by_text = dict(zip(prompts, items))
+
+    def checker(prompts: list[str], completions: list[str], **_) -> list[float]:
+        return [float(task.check(by_text[p], c) is not None) for p, c in zip(prompts, completions)]
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            stamps.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        args = trl.GRPOConfig(output_dir=out, per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size,
+                              num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens,
+                              temperature=cfg.temperature, learning_rate=cfg.lr, beta=cfg.beta, max_steps=steps + 1,
+                              gradient_checkpointing=False, use_cpu=True, bf16=False, logging_steps=1,
+                              report_to="none", save_strategy="no", seed=cfg.seed, disable_tqdm=True)
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=checker, args=args, processing_class=tokenizer,
+                                  train_dataset=Dataset.from_dict({"prompt": prompts * (steps + 1)}),
+                                  callbacks=[Clock()])
+        start = time.perf_counter()
+        trainer.train()
+    times = [b - a for a, b in zip([start] + stamps, stamps)]
+    logs = [r for r in trainer.state.log_history if "completions/mean_length" in r]
+    n = cfg.prompts_per_step * cfg.group_size
+    return [{"seconds": t, "tokens": r["completions/mean_length"] * n} for t, r in zip(times, logs)][1:]
+
+
+@app.command(help=__doc__)
+def main(rounds: int = typer.Option(2, help="rounds of every setting"),
+         steps: int = typer.Option(3, help="steps timed per run (after one warm-up step)"),
+         frozen: int = typer.Option(26, help="bottom blocks frozen in the frozen settings (SmolLM2 has 30)"),
+         threads: int = typer.Option(2, help="torch CPU threads"),
+         trl: bool = typer.Option(True, help="time TRL's GRPOTrainer too, where it is installed"),
+         items_path: Path = typer.Option(Path("data/task/items.parquet"), help="the task stage's items")) -> None:
+    torch.set_num_threads(threads)
+    p = params_lib.load()
+    ck, source = load_base("smollm2-135m")
+    model = ck.model().float().eval()
+    cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=False,
+                              decode="dynamic", warm_up=False)
+    df, ids = load_prompts(items_path, ck.tokenizer, "train", cfg.max_prompt_len)
+    by_id = {i.item_id: i for i in task.load_items(items_path)}
+    items = [by_id[pid] for pid in df["prompt_id"]]
+    print(f"{source}: {model.num_params() / 1e6:.1f}M parameters, fp32, {threads} threads; GRPO {cfg.prompts_per_step} "
+          f"prompts x {cfg.group_size} completions of at most {cfg.max_new_tokens} tokens, {len(ids)} train items, "
+          f"mu {cfg.inner_updates}, beta {cfg.beta}", flush=True)
+    runs = {"lab, every weight": lambda: lab_run(model, ck, ids, items, cfg, 0, True, steps),
+            f"lab, {frozen} blocks frozen, trunk recomputed": lambda: lab_run(model, ck, ids, items, cfg, frozen,
+                                                                              False, steps),
+            f"lab, {frozen} blocks frozen, trunk shared": lambda: lab_run(model, ck, ids, items, cfg, frozen, True,
+                                                                          steps)}
+    if trl:
+        texts = [ck.tokenizer.decode(i) for i in ids]  # the lab's rendered prompts, as TRL's plain-text prompts
+        gguf = wheel_checkpoint("smollm2-135m")
+        runs["TRL GRPOTrainer, every weight"] = lambda: trl_run(gguf, texts, items, cfg, 0, steps)
+        runs[f"TRL GRPOTrainer, {frozen} blocks frozen"] = lambda: trl_run(gguf, texts, items, cfg, frozen, steps)
+    seen: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for name, fn in runs.items():
+            log = fn()
+            if log is None:
+                print(f"{name}: trl is not installed; skipped", flush=True)
+                continue
+            rows = [(row.get("seconds", 0.0), row.get("tokens", 0.0)) if "tokens" in row else
+                    (row["completion_len"] * cfg.prompts_per_step * cfg.group_size / row["tokens_per_s"],
+                     row["completion_len"] * cfg.prompts_per_step * cfg.group_size) for row in log]
+            seen[name] += rows
+            print(f"round {r + 1}: {name}: " + ", ".join(f"{s:.1f} s" for s, _ in rows), flush=True)
+    print("\nsetting: median s/step, completion tokens/s (steps timed)")
+    for name, rows in seen.items():
+        if rows:
+            print(f"{name}: {statistics.median(s for s, _ in rows):.1f} s/step, "
+                  f"{sum(t for _, t in rows) / sum(s for s, _ in rows):.0f} completion tok/s ({len(rows)})")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,88 @@
+"""A frozen trunk: train only a model's last blocks (task.sft.frozen_blocks, task.train.frozen_blocks).
+
+On a 2-core CPU a 135M-parameter model's full forward and backward over a GRPO batch is most of a step; training the
+last blocks cuts the backward to them (autograd skips the frozen blocks), and in GRPO the policy and its reference,
+whose frozen blocks are the same weights, share the trunk's activations: one no-grad forward through the frozen blocks
+per step, then each model runs only its own last blocks and the head over the completion tokens
+(engine.sequence_logprobs(trunk=...)). A tied head is the token embedding: frozen with it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from speedrun.engine import PrefixCache, left_pad, real_width
+from speedrun.shapes import round_up, width_step
+
+
+def freeze_trunk(model: nn.Module, blocks: int, key: str = "frozen_blocks") -> None:
+    """Freeze the token embedding (a tied head with it) and the first `blocks` blocks (0: nothing frozen)."""
+    depth = len(model.blocks)
+    if blocks == 0:
+        return
+    if not 0 < blocks < depth:
+        raise ValueError(f"{key}={blocks}: the model has {depth} blocks, so 0 (train all) to {depth - 1} (train the "
+                         "last one) can be frozen")
+    model.wte.requires_grad_(False)
+    for block in model.blocks[:blocks]:
+        block.requires_grad_(False)
+
+
+def require_shared_trunk(policy: nn.Module, ref: nn.Module, blocks: int) -> None:
+    """Refuse to share activations between two models whose frozen trunks differ (the reference must be the
+    policy's starting point)."""
+    for name, a in policy.state_dict().items():
+        if name.startswith("wte.") or any(name.startswith(f"blocks.{i}.") for i in range(blocks)):
+            if not torch.equal(a, ref.state_dict()[name]):
+                raise ValueError(f"the policy's frozen {name} differs from its reference's: the trunk cannot be shared")
+
+
+@dataclass
+class FrozenTrunk:
+    """The residual stream after the first `blocks` blocks of a GRPO batch, laid out as engine.continuation_hidden
+    runs it: each prompt once (left-padded), then its rows' completion tokens (up to the longest real completion less
+    its last token) attending to it."""
+    blocks: int
+    prompt_ids: Tensor     # [B, P]
+    prompt_mask: Tensor    # [B, P] False on the left padding
+    prompt_index: Tensor   # [N] the prompt of each completion row
+    tokens: Tensor         # [N, W]
+    prompt_states: Tensor  # [B, P, C] no grad
+    states: Tensor         # [N, W, C] no grad
+
+    def completion_states(self, model: nn.Module, T: int) -> Tensor:
+        """model's final states [N, T, C] that predict completion tokens 0 .. T-1 (0 past the trunk's columns), with
+        gradients through model's blocks after the trunk."""
+        cache, kw = self.cache(model), dict(split=self.blocks)
+        last = model.hidden(self.prompt_ids, key_mask=self.prompt_mask, kv_cache=cache, resume=self.prompt_states,
+                            **kw)[:, -1].index_select(0, self.prompt_index)  # left padding: -1 is real
+        h = [last[:, None]]
+        if self.tokens.size(1):
+            h.append(model.hidden(self.tokens, kv_cache=cache.select(self.prompt_index), resume=self.states, **kw))
+        h = torch.cat(h, 1)
+        return torch.nn.functional.pad(h, (0, 0, 0, T - h.size(1)))
+
+    def cache(self, model: nn.Module) -> PrefixCache:
+        return PrefixCache(model.config, self.prompt_ids.size(0), self.prompt_ids.size(1) + self.tokens.size(1),
+                           self.tokens.device)
+
+
+@torch.no_grad()
+def frozen_trunk(model: nn.Module, prompts: list[list[int]], tokens: Tensor, mask: Tensor, blocks: int,
+                 pad_id: int) -> FrozenTrunk:
+    """The trunk of a generate() batch: prompts [B], completion tokens and mask [N, T], each prompt's rows adjacent."""
+    N, T = tokens.shape
+    if N % len(prompts):
+        raise ValueError(f"{N} completion rows do not split evenly over {len(prompts)} prompts")
+    prompt_index = torch.arange(len(prompts), device=tokens.device).repeat_interleave(N // len(prompts))
+    # the states needed: up to the token before each row's last real one (a ladder width on a GPU)
+    W = min(T - 1, round_up(max(int(real_width(mask > 0).max()) - 1, 1), width_step()))
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id, tokens.device)
+    t = FrozenTrunk(blocks, prompt_ids, prompt_mask, prompt_index, tokens[:, :W], None, None)
+    cache = t.cache(model)
+    t.prompt_states = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache, split=blocks)
+    t.states = model.hidden(t.tokens, kv_cache=cache.select(prompt_index), split=blocks) if W else \
+        t.prompt_states.new_zeros(N, 0, t.prompt_states.size(-1))
+    return t
