@@ -7,7 +7,7 @@ same values after another question of the same cluster (the next item in id orde
 that reads the bounds ranks right above wrong under the item's own question and not under another's. Per cluster:
 the mean AUC, the blind AUC and their difference, with a bootstrap interval over items.
 
-    python analysis/task_likelihood.py smollm2-135m /work/pilot/outs/task_sft --tokenizer /work/pilot/outs/task_base/tokenizer
+    python analysis/task_likelihood.py smollm2-135m outs/task_sft --tokenizer outs/task_base/tokenizer
 A model is smollm2-135m (as shipped, speedrun.pretrained) or a checkpoint directory read with --tokenizer."""
 from __future__ import annotations
 
