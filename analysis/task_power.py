@@ -1,6 +1,6 @@
 """Seeds and held-out items for a task-track comparison, from a committed experiment's answers (no model needed).
-Also what the primary is made of: each arm's coverage@16, pass@1 and right-answer entropy against the control's at the
-same temperature (the frontier gap moves with pass@1 wherever the SFT frontier is steep).
+Also what the primary is made of: each arm's coverage@samples, pass@1 and right-answer entropy against the control's at
+the same temperature (the frontier gap moves with pass@1 wherever the SFT frontier is steep).
 
 The between-run variance of a run's frontier gap has two parts: the training seed's effect on the whole model (it
 stays whatever the eval set) and the run's own noise over the held-out items (each run's answers to these items:
@@ -25,8 +25,10 @@ def arm_tables(path: str, n_boot: int) -> tuple[dict[float, pd.DataFrame], dict[
                                                 list[np.ndarray]]:
     """The task SFT model's per-item tables (one per temperature), each arm's per-run tables, shared item draws."""
     d = pd.read_parquet(path)
-    k = (1, 16)
-    sft = {float(t): per_item(g, k) for t, g in d[d.model == "task_sft"].groupby("temperature")}
+    k = (1, int(d.groupby(["model", "temperature", "item_id"]).size().min()))  # pass@1 and pass@samples
+    compared = set(d.loc[d.model != "task_sft", "item_id"])  # the trained clusters' items (task.train_clusters)
+    sft = {float(t): per_item(g[g.item_id.isin(compared)], k)
+           for t, g in d[d.model == "task_sft"].groupby("temperature")}
     runs = {m: per_item(g, k) for m, g in d[d.model != "task_sft"].groupby("model")}
     arms: dict[str, list[pd.DataFrame]] = {}
     for m in sorted(runs):
@@ -35,7 +37,7 @@ def arm_tables(path: str, n_boot: int) -> tuple[dict[float, pd.DataFrame], dict[
 
 
 def raw_deltas(arms: dict[str, list[pd.DataFrame]], draws: list[np.ndarray], comp: str) -> None:
-    """treatment − control on coverage@16, pass@1 and entropy at the arms' own temperature (stats.pooled_delta)."""
+    """treatment − control on coverage@samples, pass@1 and entropy at the arms' own temperature (stats.pooled_delta)."""
     a, b = comp.split(":")
     for col in ("coverage", "pass@1", "entropy"):
         ma, mb = (np.array([[t[col].to_numpy()[r].mean() for t in arms[x]] for r in draws]) for x in (a, b))
