@@ -33,7 +33,7 @@ app = new_app()
 
 
 def lab_run(model, ck, ids, items, cfg, frozen: int, shared: bool, steps: int) -> list[dict]:
-    """One grpo_train run of `steps` + 1 steps; its per-step log without the warm-up step."""
+    """One grpo_train run of `steps` + 1 steps: each step's seconds and completion tokens, the warm-up step left out."""
     policy, ref = copy.deepcopy(model), copy.deepcopy(model)
     if not shared:
         freeze_trunk(policy, frozen)  # frozen by hand: the trainer recomputes the trunk in every forward
@@ -51,7 +51,9 @@ def lab_run(model, ck, ids, items, cfg, frozen: int, shared: bool, steps: int) -
                              for i, t in zip(mine.tolist(), completion_texts(s, tok))])
 
     run_cfg = dataclasses.replace(cfg, steps=steps + 1, frozen_blocks=frozen if shared else 0)
-    return grpo_train(policy, ref, ids, draw, reward, run_cfg, "cpu", tok.assistant_end_id, tok.bos_id).log[1:]
+    log = grpo_train(policy, ref, ids, draw, reward, run_cfg, "cpu", tok.assistant_end_id, tok.bos_id).log[1:]
+    n = cfg.prompts_per_step * cfg.group_size  # the log's completion_len is a mean over the step's completions
+    return [{"seconds": r["completion_len"] * n / r["tokens_per_s"], "tokens": r["completion_len"] * n} for r in log]
 
 
 def hf_folder(gguf: Path) -> Path:
@@ -152,9 +154,7 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
             if log is None:
                 print(f"{name}: trl is not installed; skipped", flush=True)
                 continue
-            rows = [(row.get("seconds", 0.0), row.get("tokens", 0.0)) if "tokens" in row else
-                    (row["completion_len"] * cfg.prompts_per_step * cfg.group_size / row["tokens_per_s"],
-                     row["completion_len"] * cfg.prompts_per_step * cfg.group_size) for row in log]
+            rows = [(row["seconds"], row["tokens"]) for row in log]
             seen[name] += rows
             print(f"round {r + 1}: {name}: " + ", ".join(f"{s:.1f} s" for s, _ in rows), flush=True)
     print("\nsetting: median s/step, completion tokens/s (steps timed)")
