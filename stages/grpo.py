@@ -45,7 +45,7 @@ def main(p, io, variant: str, seed: int) -> None:
     require_reward_signal(rm.head.weight, rm.reward_std, str(io.rm_dir))
     texts = [msgs[-1]["content"] for msgs in df["prompt"]]
     groups = df["group"].tolist()
-    weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev, d)
+    weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev, d, where="grpo.density")
     draw = PromptDraws(weights, cfg.prompts_per_step)
     dense = dense_groups(groups, p.grpo.controls.dense_modules)
     in_scope = torch.tensor([arm.tic_scope == "all" or g in dense for g in groups])

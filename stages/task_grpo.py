@@ -86,7 +86,7 @@ def main(p, io, arm: str, seed: int) -> None:
     rm = load_task_rm(io.rm_dir, dev) if v.reward == "rm" else None
     texts = [i.prompt() for i in items]
     groups = [i.cluster for i in items]
-    weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev, d)
+    weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev, d, where="task.density")
     draw = PromptDraws(weights, cfg.prompts_per_step)
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
     gold_rows: list[float] = []  # the checker's share of right answers per step, whatever the arm is paid

@@ -1,4 +1,5 @@
 """Density-aware prompt weights: direction on known clusters, blocked == unblocked, clipping, helpers."""
+import dataclasses
 import math
 
 import numpy as np
@@ -291,7 +292,7 @@ def _weights_worker(rank: int, init_file: str, out: str) -> None:
     from speedrun.train.distributed import Dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     texts = [f"name a number between {i} and {i + 7}" for i in range(30)] + ISOLATED
-    density = DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words")
+    density = DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words", max_prompts=0)
     w = sampling_weights("density", None, [[1]] * len(texts), texts, ["g"] * len(texts), density, "cpu",
                          Dist(rank, 2, "cpu"))
     torch.save(w, f"{out}.{rank}")
@@ -307,7 +308,37 @@ def test_density_weights_computed_on_rank_0_reach_every_rank(tmp_path):
     mp.spawn(_weights_worker, args=(str(tmp_path / "init"), str(tmp_path / "w")), nprocs=2, join=True)
     texts = [f"name a number between {i} and {i + 7}" for i in range(30)] + ISOLATED
     one = sampling_weights("density", None, [[1]] * len(texts), texts, ["g"] * len(texts),
-                           DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words"), "cpu")
+                           DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words", max_prompts=0), "cpu")
     for r in range(2):
         assert torch.equal(torch.load(tmp_path / f"w.{r}", weights_only=True), one)
     assert one.max() > one.min()  # not uniform: the last five prompts are isolated, the numbers a crowd
+
+
+def test_density_weights_above_max_prompts_stop_before_embedding_naming_the_knob(capsys):
+    """The k-NN's time grows as N^2: above max_prompts the stage stops at once, naming the knob to raise; at the
+    limit it says how many prompts it weighs, then works."""
+    from speedrun.config import DensityConfig
+    from speedrun.rl.prompts import sampling_weights
+    texts = [f"name a number between {i} and {i + 7}" for i in range(30)] + ISOLATED
+    args = ([[1]] * len(texts), texts, ["g"] * len(texts))
+    limited = DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words", max_prompts=len(texts) - 1)
+    with pytest.raises(ValueError, match=r"task.density.max_prompts: 35 train prompts .* above the limit of 34"):
+        sampling_weights("density", None, *args, limited, "cpu", where="task.density")
+    at_limit = DensityConfig(k=3, alpha=2.0, max_ratio=10.0, embedding="words", max_prompts=len(texts))
+    w = sampling_weights("density", None, *args, at_limit, "cpu", where="task.density")
+    assert "task.density: weights of 35 train prompts in the words embedding" in capsys.readouterr().out
+    unlimited = dataclasses.replace(at_limit, max_prompts=0)  # 0 = no limit: the same weights
+    assert torch.equal(w, sampling_weights("density", None, *args, unlimited, "cpu"))
+
+
+def test_neighbour_purity_a_block_at_a_time_equals_the_whole_matrix():
+    """Blocked over rows (memory block x N) it counts exactly what the N x N similarity matrix counts."""
+    from speedrun.rl.density import neighbour_purity
+    g = torch.Generator().manual_seed(0)
+    e = torch.nn.functional.normalize(torch.randn(70, 8, dtype=torch.float64, generator=g), dim=1)
+    groups = [str(i % 3) for i in range(70)]
+    sim = e @ e.T
+    sim.fill_diagonal_(-math.inf)
+    nn = sim.topk(5, dim=1).indices.numpy()
+    whole = float((np.asarray(groups)[nn] == np.asarray(groups)[:, None]).mean())
+    assert neighbour_purity(e, groups, 5, block_size=16) == whole == neighbour_purity(e, groups, 5)

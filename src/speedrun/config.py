@@ -252,6 +252,10 @@ class DensityConfig:
         "object a prompt asks about (metadata: prompts of one module are neighbours) | minilm: a sentence encoder's "
         "embedding of the prompt (all-MiniLM-L6-v2: by meaning) | minilm_kind: that beside the embedding of the prompt "
         "with its operands masked | sft_idf: idf-weighted mean of the SFT hidden states | sft_mean: their plain mean")
+    max_prompts: int = knob(
+        "the most train prompts the density weights take (0 = no limit): their k-NN's time grows as N^2 (539,200 "
+        "prompts took about 227 minutes on a 2-core CPU, docs/LOG.md), so above it the stage stops before embedding, "
+        "naming this knob; raise it (on an accelerator) or draw a pool (train.pool)", ge=0)
 
 
 @dataclass(frozen=True)

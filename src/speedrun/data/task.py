@@ -239,4 +239,5 @@ def load_items(path: Path) -> list[TaskItem]:
                              f"(at least {MIN_ANSWERS})")
         out.append(TaskItem(r["prompt_id"], r["group"], str(r["lo"]), str(r["hi"]), answers, r["split"], text,
                             solution))
+    print(f"{path}: {len(out):,} items read", flush=True)
     return out

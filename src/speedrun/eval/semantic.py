@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,7 +48,7 @@ def embed(encoder, texts: list[str], batch_size: int = 256) -> np.ndarray:
     if not distinct:
         return np.zeros((0, 0), dtype=np.float32)
     emb = encoder.encode(distinct, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                         show_progress_bar=False).astype(np.float32)
+                         show_progress_bar=sys.stderr.isatty()).astype(np.float32)
     index = {t: i for i, t in enumerate(distinct)}
     return emb[[index[t] for t in texts]]
 

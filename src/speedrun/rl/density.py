@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from speedrun.progress import Progress
+
 
 def _as_unit_rows(embeddings: torch.Tensor | np.ndarray, tol: float = 1e-3) -> torch.Tensor:
     """The embeddings as float64 (dense, or sparse CSR as given), checked: [N, C], finite, L2-normalised rows."""
@@ -58,12 +60,14 @@ def dense_rows(e: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
     return out
 
 
-def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int = 1024) -> torch.Tensor:
+def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int = 1024,
+                 every: float = 0.0) -> torch.Tensor:
     """Mean cosine distance (1 - cos) of each row to its k nearest other rows, float64 [N] on CPU.
 
     Tiled block_size x block_size with a running top-k per row, so memory is flat in N (never N x N); embeddings
     may be sparse CSR (the hashed bags: memory then grows with their nonzeros, not N x C), densified a block at a
     time. Runs on the input's device. k is capped at N-1; N=1 gives [0.]. Duplicates are neighbours at distance 0.
+    every > 0: a progress line (blocks done, time left) at most that often, as its time grows as N^2.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
@@ -75,8 +79,11 @@ def knn_distance(embeddings: torch.Tensor | np.ndarray, k: int, block_size: int 
     out = torch.zeros(n, dtype=torch.float64)
     if k_eff == 0:
         return out
-    for i0 in range(0, n, block_size):
-        out[i0:i0 + block_size] = knn_block(e, i0, min(i0 + block_size, n), k_eff, block_size)
+    with Progress(-(-n // block_size), f"density k-NN over {n:,} prompts", unit="block", every=every,
+                  enabled=None if every > 0 else False) as bar:
+        for i0 in range(0, n, block_size):
+            out[i0:i0 + block_size] = knn_block(e, i0, min(i0 + block_size, n), k_eff, block_size)
+            bar.update(1)
     return out
 
 
@@ -117,6 +124,7 @@ def prompt_weights(
     alpha: float,
     max_ratio: float,
     block_size: int = 1024,
+    every: float = 0.0,
 ) -> torch.Tensor:
     """Sampling weights float64 [N] summing to 1, ∝ (mean cosine distance to k nearest neighbours)^alpha.
 
@@ -124,7 +132,7 @@ def prompt_weights(
     """
     if not alpha >= 0:
         raise ValueError(f"alpha must be >= 0 (alpha < 0 would oversample crowded prompts), got {alpha}")
-    d = knn_distance(embeddings, k, block_size=block_size)
+    d = knn_distance(embeddings, k, block_size=block_size, every=every)
     raw = torch.ones_like(d) if alpha == 0 else d.pow(alpha)
     return clip_and_normalise(raw, max_ratio)
 
@@ -200,17 +208,20 @@ def _hashed_bags(texts: Sequence[str], bag_of: Callable[[str], list[str]], dim: 
                                        (len(texts), dim), check_invariants=False)
 
 
-def neighbour_purity(embeddings: torch.Tensor, groups: Sequence[str], k: int) -> float:
+def neighbour_purity(embeddings: torch.Tensor, groups: Sequence[str], k: int, block_size: int = 1024) -> float:
     """Mean share of each row's k nearest neighbours (cosine, itself excluded) in its own group: 1 when the
-    embedding puts every group together, about the group's share of rows for a random one."""
+    embedding puts every group together, about the group's share of rows for a random one. A block of rows at a
+    time against every row: memory block_size x N, never N x N."""
     e = _as_unit_rows(embeddings)
     e = dense_rows(e, 0, e.shape[0])
-    sim = e @ e.T
-    sim.fill_diagonal_(-math.inf)
-    k = min(k, len(e) - 1)
-    nn = sim.topk(k, dim=1).indices
+    n, k = len(e), min(k, len(e) - 1)
     g = np.asarray(groups)
-    return float((g[nn.numpy()] == g[:, None]).mean())
+    same = 0
+    for i0 in range(0, n, block_size):
+        sim = e[i0:i0 + block_size] @ e.T
+        sim[torch.arange(len(sim)), torch.arange(i0, i0 + len(sim))] = -math.inf  # not its own neighbour
+        same += int((g[sim.topk(k, dim=1).indices.numpy()] == g[i0:i0 + len(sim), None]).sum())
+    return same / (n * k)
 
 
 def cluster_labels(embeddings: torch.Tensor | np.ndarray, k: int, seed: int, restarts: int = 4, iters: int = 25,

@@ -8,6 +8,7 @@ import torch
 
 from speedrun.common import chat_messages, require_unique, stable_seed
 from speedrun.config import DensityConfig
+from speedrun.progress import Progress
 from speedrun.rl.controls import balanced_weights
 from speedrun.eval.semantic import sentence_embeddings
 from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights, word_embeddings
@@ -25,18 +26,21 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
         raise ValueError(f"{path}: missing columns {sorted(missing)}")
     require_unique(df["prompt_id"].tolist(), "prompt_id", path)
     rows = [i for i, s in enumerate(df["split"]) if s == split]  # the file's row numbers, for messages
-    df = df[df["split"] == split].reset_index(drop=True)
+    total, df = len(df), df[df["split"] == split].reset_index(drop=True)
     if df.empty:
         raise ValueError(f"{path}: no prompts with split == {split!r}")
+    print(f"{path}: {len(df):,} {split} prompts of {total:,} rows read", flush=True)
     ids, cut = [], 0
-    for i, messages in enumerate(df["prompt"]):
-        msgs = chat_messages(messages, f"{path}: row {rows[i]} (prompt {df['prompt_id'][i]}), column 'prompt'")
-        try:
-            rendered = tok.render_prompt(msgs)
-        except ValueError as e:
-            raise ValueError(f"{path} prompt {df['prompt_id'][i]}: {e}") from None
-        ids.append(cut_prompt(rendered, max_prompt_len))
-        cut += len(rendered) > max_prompt_len
+    with Progress(len(df), f"{path}: tokenising", unit="prompt", every=30.0, enabled=False) as bar:
+        for i, messages in enumerate(df["prompt"]):
+            msgs = chat_messages(messages, f"{path}: row {rows[i]} (prompt {df['prompt_id'][i]}), column 'prompt'")
+            try:
+                rendered = tok.render_prompt(msgs)
+            except ValueError as e:
+                raise ValueError(f"{path} prompt {df['prompt_id'][i]}: {e}") from None
+            ids.append(cut_prompt(rendered, max_prompt_len))
+            cut += len(rendered) > max_prompt_len
+            bar.update(1)
     if cut:
         print(f"{path}: {cut} of {len(ids)} {split} prompts longer than {max_prompt_len} tokens, cut to their chat "
               f"header and last tokens")
@@ -66,12 +70,14 @@ def prompt_embeddings(embedding: str, model: torch.nn.Module | None, ids: list[l
 
 
 def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
-                     groups: list[str], density: DensityConfig, device: str, d: Dist | None = None) -> torch.Tensor:
+                     groups: list[str], density: DensityConfig, device: str, d: Dist | None = None,
+                     where: str = "density") -> torch.Tensor:
     """density: ∝ (mean cosine distance to the k nearest prompts)^alpha in the embedding density.embedding
     (isolated prompts drawn more often); uniform: equal weights; balanced: every group the same total weight.
-    Under several processes (d) rank 0 computes them (the k-NN is O(N^2)) and broadcasts them to the others."""
+    Under several processes (d) rank 0 computes them (the k-NN is O(N^2)) and broadcasts them to the others.
+    `where` names density's params.yaml section in messages (grpo.density)."""
     if d is not None and d.world > 1:
-        w = (sampling_weights(variant, model, ids, texts, groups, density, device) if d.is_main
+        w = (sampling_weights(variant, model, ids, texts, groups, density, device, where=where) if d.is_main
              else torch.empty(len(ids), dtype=torch.float64))
         return distributed.broadcast(w, d)
     if variant == "uniform":
@@ -79,6 +85,13 @@ def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]],
     if variant == "balanced":
         return balanced_weights(groups)
     if variant == "density":
+        if 0 < density.max_prompts < len(ids):
+            raise ValueError(f"{where}.max_prompts: {len(ids):,} train prompts for the density weights, above the "
+                             f"limit of {density.max_prompts:,}: the k-NN's time grows as N^2 (539,200 prompts took "
+                             f"about 227 minutes on a 2-core CPU). Raise {where}.max_prompts, or draw a pool of "
+                             f"fewer prompts (the track's train.pool)")
+        print(f"{where}: weights of {len(ids):,} train prompts in the {density.embedding} embedding, then their "
+              f"k-NN (k {density.k}) on {device}", flush=True)
         emb = prompt_embeddings(density.embedding, model, ids, texts, device)
-        return prompt_weights(emb.to(device), density.k, density.alpha, density.max_ratio)  # k-NN on the device
+        return prompt_weights(emb.to(device), density.k, density.alpha, density.max_ratio, every=30.0)  # on the device
     raise ValueError(f"sampling must be density, uniform or balanced, not {variant!r}")
