@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pandas as pd
 
+from speedrun import kept
 from speedrun.eval.stats import pooled_delta
 from speedrun.eval.task_track import item_draws
 
@@ -28,7 +29,7 @@ def per_run_items(d: pd.DataFrame, items: list[str]) -> dict[str, pd.DataFrame]:
 
 
 def main(path: str, pairs: list[str], n_boot: int = 1000) -> None:
-    d = pd.read_parquet(path)
+    d = kept.read_parquet(path)
     items = sorted(d.item_id.unique())
     runs = per_run_items(d[d.model != "task_sft"], items)
     sft = per_run_items(d[(d.model == "task_sft") & (d.temperature == 1.0)], items)

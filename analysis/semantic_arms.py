@@ -11,15 +11,15 @@ figure reads the value and the wording together; it is a secondary reading, neve
 import sys
 
 import numpy as np
-import pandas as pd
 
+from speedrun import kept
 from speedrun.eval import semantic
 from speedrun.eval.stats import pooled_delta
 from speedrun.eval.task_track import item_draws
 
 
 def main(path: str, pairs: list[str], n_boot: int = 1000) -> None:
-    d = pd.read_parquet(path).reset_index(drop=True)
+    d = kept.read_parquet(path).reset_index(drop=True)
     items = sorted(d.item_id.unique())
     emb = semantic.embed(semantic.load_encoder("cpu"), d.text.tolist())
     per_item = {}  # model name -> per-item distance, in `items` order

@@ -14,7 +14,6 @@ reading of runs already reported (secondary, unadjusted); the runs differ in den
     python analysis/task_clusters.py                  # the four committed 609-item density experiments
     python analysis/task_clusters.py --arm balanced   # group-balanced sampling: the two of them that ran it
 """
-import json
 import math
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 import pandas as pd
 import typer
 
+from speedrun import kept
 from speedrun.typer_app import new_app
 
 from speedrun.data import task
@@ -72,14 +72,14 @@ def main(experiments: list[str] = typer.Argument(list(EXPERIMENTS), help="folder
     pooled_in: dict[tuple[str, str], list[dict]] = {}
     for name in experiments:
         folder = ROOT / name
-        metrics = json.loads((folder / "metrics" / "task.json").read_text())
+        metrics = kept.read_json(folder / "metrics" / "task.json")
         t = float(metrics["arm_temperature"])
         if f"{arm}:checker" not in metrics["comparisons"]:
             print(f"\n{name}: no {arm} arm")
             continue
         weights = metrics["manipulation"][arm]["shares_weights"]
         gaps = metrics["comparisons"][f"{arm}:checker"]["clusters"]
-        answers = pd.read_parquet(folder / "answers.parquet")
+        answers = kept.read_parquet(folder / "answers.parquet")
         runs = {x: sorted(m for m in answers.model.unique() if m.rsplit("_s", 1)[0] == x) for x in (arm, "checker")}
         cols = {x: cluster_columns(answers, ms, t)[0] for x, ms in runs.items()}
         sft, clusters = cluster_columns(answers, ["task_sft"], t)

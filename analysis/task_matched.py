@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 import typer
 
+from speedrun import kept
 from speedrun.typer_app import new_app
 
 from speedrun import params
@@ -90,15 +91,15 @@ def main(answers: str = typer.Argument(..., help="an experiment's answers.parque
                                            "of (default: this file's runs)")) -> None:
     torch.set_num_threads(2)
     extra_ts, ms = [float(x) for x in temperatures.split(",")], [int(x) for x in m.split(",")]
-    base = pd.read_parquet(answers)
+    base = kept.read_parquet(answers)
     runs = sorted(m for m in base.model.unique() if m != "task_sft")
     arms_used = {x for c in comparisons for x in c.split(":")}
     runs = [m for m in runs if m.rsplit("_s", 1)[0] in arms_used]
     paths = [Path(x) for x in extra_path.split(",")]  # several files: read them all (each must exist)
-    if len(paths) == 1 and not paths[0].exists():
+    if len(paths) == 1 and not kept.exists(paths[0]):
         extra_df = sample_extra(runs, extra_ts, Path(runs_dir), paths[0])
     else:
-        extra_df = pd.concat([pd.read_parquet(x) for x in paths], ignore_index=True)
+        extra_df = pd.concat([kept.read_parquet(x) for x in paths], ignore_index=True)
     extra_df = extra_df[extra_df.model.isin(runs) & (extra_df.temperature != arm_t)]  # the runs' other temperatures
     both = pd.concat([base[base.model.isin(runs) & (base.temperature == arm_t)], extra_df], ignore_index=True)
     temps = sorted(float(t) for t in both.temperature.unique())

@@ -8,11 +8,11 @@ frontier gap stands in for the matched reading, whose per-run values are not com
 
     python analysis/task_pairing.py    # the four committed 609-item density experiments
 """
-import json
 
 import numpy as np
 import typer
 
+from speedrun import kept
 from speedrun.typer_app import new_app
 from task_clusters import EXPERIMENTS, ROOT  # the same four experiments (analysis/ is on the path when run as a script)
 
@@ -23,7 +23,7 @@ app = new_app()
 @app.command(help=__doc__)
 def main(experiments: list[str] = typer.Argument(list(EXPERIMENTS), help="folders under reports/experiments")) -> None:
     for name in experiments:
-        metrics = json.loads((ROOT / name / "metrics" / "task.json").read_text())
+        metrics = kept.read_json(ROOT / name / "metrics" / "task.json")
         gaps = metrics["frontier_gap"]
         for comp in metrics["comparisons"]:
             a, b = comp.split(":")

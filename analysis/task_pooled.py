@@ -5,7 +5,8 @@ the same 609 held-out items and task SFT model, differing only in their training
 (901-936) and its replication (941-976), read at balanced's pass@1. Each was analysed alone, as its plan fixed. This
 script reads a pair from their committed answers (every run's answers at T = 0.75, 1, 1.25 and the SFT model's at
 seven temperatures), first recomputes each run's own primary with task_compare.compare_arms, the function task_eval
-called (it must equal the committed metrics), then the two together: every run of both per arm, read at the pooled
+called (it equalled the committed metrics until the envelope frontier of 2026-11-28 changed the reading; the
+script prints where today's reading differs), then the two together: every run of both per arm, read at the pooled
 control's (or treatment's) pass@1, with the same interval over seeds and items, MDE and pass@1 non-inferiority. A
 post-hoc summary of two reported runs, not a new test: the family's call stays the first run's (reports/experiments).
 
@@ -13,13 +14,12 @@ post-hoc summary of two reported runs, not a new test: the family's call stays t
     python analysis/task_pooled.py --runs task-balanced-matched task-balanced-matched-replication \
         --comparison balanced:checker --matched-at treatment
 """
-import json
 from pathlib import Path
 from typing import Literal
 
-import pandas as pd
 import typer
 
+from speedrun import kept
 from speedrun.typer_app import new_app
 
 from speedrun import params
@@ -31,7 +31,7 @@ ROOT = Path("reports/experiments")
 
 def load(folder: Path) -> tuple[dict, dict]:
     """(SFT answers per temperature, per arm the runs' answers per temperature in seed order) of one experiment."""
-    answers = pd.read_parquet(folder / "answers.parquet", columns=["model", "temperature", "item_id", "cluster",
+    answers = kept.read_parquet(folder / "answers.parquet", columns=["model", "temperature", "item_id", "cluster",
                                                                    "answer"])
     sft = {float(t): a for t, a in answers[answers.model == "task_sft"].groupby("temperature")}
     curves: dict[str, list[dict]] = {}
@@ -73,10 +73,12 @@ def main(runs: tuple[str, str] = typer.Option(("task-density-matched", "task-den
     loaded = {name: load(ROOT / name) for name in runs}
     for name, (sft, curves) in loaded.items():
         r = compare(sft, curves, comparison, matched_at)
-        committed = json.loads((ROOT / name / "metrics/task.json").read_text())["comparisons"][comparison]
-        for key in ("value", "ci_low", "ci_high", "mde"):
-            assert abs(r["matched"][key] - committed["matched"][key]) < 1e-4, (name, key, r["matched"][key],
-                                                                             committed["matched"][key])
+        committed = kept.read_json(ROOT / name / "metrics/task.json")["comparisons"][comparison]
+        moved = {k: (committed["matched"][k], r["matched"][k]) for k in ("value", "ci_low", "ci_high", "mde")
+                 if abs(r["matched"][k] - committed["matched"][k]) >= 1e-4}
+        if moved:  # the committed metrics are their run's instrument's; the frontier has changed since (docs/LOG.md)
+            print(f"{name}: today's compare_arms reads {comparison} otherwise than the committed metrics "
+                  f"(committed, today): {moved}")
         rows.append(line(name, r, len(curves[control])))
     first, second = (loaded[n] for n in runs)
     assert all(first[0][t].equals(second[0][t]) for t in first[0]), "the two runs' task SFT answers differ"

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import typer
 
+from speedrun import kept
 from speedrun.typer_app import new_app
 
 from speedrun.eval.stats import mde, pooled_delta
@@ -24,7 +25,7 @@ from speedrun.eval.task_track import gap_draws, item_draws, per_item
 def arm_tables(path: str, n_boot: int) -> tuple[dict[float, pd.DataFrame], dict[str, list[pd.DataFrame]],
                                                 list[np.ndarray]]:
     """The task SFT model's per-item tables (one per temperature), each arm's per-run tables, shared item draws."""
-    d = pd.read_parquet(path)
+    d = kept.read_parquet(path)
     k = (1, int(d.groupby(["model", "temperature", "item_id"]).size().min()))  # pass@1 and pass@samples
     compared = set(d.loc[d.model != "task_sft", "item_id"])  # the trained clusters' items (task.train_clusters)
     sft = {float(t): per_item(g[g.item_id.isin(compared)], k)

@@ -14,6 +14,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
+from speedrun import kept
 from speedrun.eval.task_compare import compare_arms
 from speedrun.eval.task_track import pass_k_values
 from speedrun.typer_app import new_app
@@ -29,7 +30,7 @@ def main(answers: Annotated[Path, typer.Argument(help="a task answers.parquet (t
          temperature: float = typer.Option(1.0, help="the GRPO temperature (each run's own reading)"),
          n_boot: int = typer.Option(1000, help="bootstrap draws of the items"),
          seed: int = typer.Option(1337, help="the bootstrap's seed (task_eval's: params.yaml seed)")) -> None:
-    a = pd.read_parquet(answers)
+    a = kept.read_parquet(answers)
     runs_only = a[a["model"] != "task_sft"]
     a = a[a["cluster"].isin(set(runs_only["cluster"]))]  # the items the runs answered
     sft = {float(t): g.reset_index(drop=True) for t, g in a[a["model"] == "task_sft"].groupby("temperature")}

@@ -10,15 +10,14 @@ right answers (thinning the pooled shuffled runs inflates it by about 0.1, a ref
     python analysis/task_rm_decomposition.py reports/experiments/task-rm-collapse-10-upstream"""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import typer
 from scipy import stats
 from scipy.special import gammaln
 
+from speedrun import kept
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -40,12 +39,13 @@ def expected_distinct(counts: list[int], k: int) -> float:
 def main(experiment: Path = typer.Argument(..., help="an experiment folder with sft_<s>/ sub-runs"),
          treatment: str = typer.Option("rm"), control: str = typer.Option("shuffled")) -> None:
     rows, gaps, pass1 = [], [], []
-    for sub in sorted(experiment.glob("sft_*"), key=lambda p: int(p.name.split("_")[1])):
-        m = json.loads((sub / "metrics/task.json").read_text())
+    subs = [p.parent.parent for p in kept.glob(experiment, "sft_*/metrics/task.json")]  # files or zip members
+    for sub in sorted(subs, key=lambda p: int(p.name.split("_")[1])):
+        m = kept.read_json(sub / "metrics/task.json")
         c = m["comparisons"][f"{treatment}:{control}"]
         gaps.append(c["gap"]["value"])
         pass1.append(c["pass@1"]["value"])
-        a = pd.read_parquet(sub / "answers.parquet", columns=["model", "temperature", "item_id", "cluster", "answer"])
+        a = kept.read_parquet(sub / "answers.parquet", columns=["model", "temperature", "item_id", "cluster", "answer"])
         a = a[a["cluster"].isin(m["blind"]["trained"]) & (a["temperature"] == m["arm_temperature"])]
         ctrl = a[a["model"].str.startswith(f"{control}_s")]
         counts = ctrl.dropna(subset=["answer"]).groupby("item_id")["answer"].apply(lambda x: list(x.value_counts()))

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import typer
 
+from speedrun import kept
 from speedrun.eval.envelope import dominated, envelope_at
 from speedrun.eval.task_track import curve_columns, item_draws, per_item
 from speedrun.typer_app import new_app
@@ -43,7 +44,7 @@ def left_out_errors(points: np.ndarray) -> list[tuple[float, float, float, float
 def main(answers: Annotated[Path, typer.Argument(help="a task_eval answers.parquet")],
          model: str = typer.Option("task_sft", help="the model whose temperature curve is read"),
          n_boot: int = typer.Option(200, help="bootstrap draws of the items")) -> None:
-    a = pd.read_parquet(answers)
+    a = kept.read_parquet(answers)
     runs = a[a["model"] != model]
     if len(runs):  # the items task_eval's frontier uses: those the runs answered (task.train_clusters)
         a = a[a["cluster"].isin(set(runs["cluster"]))]

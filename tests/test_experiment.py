@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from speedrun import experiment
+from speedrun import experiment, kept
 from speedrun.eval import replot as replot_cli
 from speedrun.eval.replot import replot, result_from_metrics
 
@@ -55,12 +55,15 @@ def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
     written = experiment.keep(folder, "task", tmp_path)
     assert sorted(p.relative_to(folder).as_posix() for p in written) == [
         "answers.parquet", "metrics/task.json", "metrics/task_grpo.json", "task.md"]
-    assert json.loads((folder / "metrics/task_grpo.json").read_text()) == {"checker_s301": {"seed": 301},
-                                                                           "checker_s302": {"seed": 302}}
+    assert sorted(f.name for f in folder.iterdir()) == ["README.md", "results.zip"]  # two files in git
+    assert kept.read_json(folder / "metrics/task_grpo.json") == {"checker_s301": {"seed": 301},
+                                                                 "checker_s302": {"seed": 302}}
+    assert kept.read_parquet(folder / "answers.parquet")["text"].tolist() == ["`13`"]
     readme = (folder / "README.md").read_text()
     assert readme.startswith("# x\n\n## Plan\n\n## Files") and "-S 'task.seeds=[301,302]'" in readme
+    bundle = (folder / "results.zip").read_bytes()
     experiment.keep(folder, "task", tmp_path)  # kept again (a rerun): the one Files section is replaced
-    assert (folder / "README.md").read_text() == readme
+    assert (folder / "README.md").read_text() == readme and (folder / "results.zip").read_bytes() == bundle
 
 
 def test_keep_command_line_checks_the_track_and_the_plan(tmp_path, monkeypatch, capsys):
@@ -96,9 +99,20 @@ def test_replot_draws_a_chat_experiment_from_its_metrics(tmp_path, capsys):
     assert e.value.code == 2 and "Missing argument 'FOLDER'" in capsys.readouterr().err
 
 
-def test_committed_experiments_hold_no_figure_or_params_copy():
-    listed = subprocess.run(["git", "ls-files", "reports/experiments"], cwd=REPO, capture_output=True, text=True)
+def test_committed_experiments_are_two_files_with_no_figure_or_params_copy():
+    """Each experiment is its README and results.zip, beside an answers file too large to gain from the zip
+    (reports/ at most 150 files); no zip holds a figure (replot draws them) or a copy of params.yaml (the README
+    names the commit and the -S overrides)."""
+    import zipfile
+    listed = subprocess.run(["git", "ls-files", "reports"], cwd=REPO, capture_output=True, text=True)
     if listed.returncode != 0:
         pytest.skip("not a git checkout")
     files = listed.stdout.split()
-    assert files and not [f for f in files if f.endswith(".png") or f.endswith("/params.yaml")]
+    assert len(files) <= 150, len(files)
+    experiments = [f.split("/", 3)[2:] for f in files if f.startswith("reports/experiments/") and f.count("/") > 2]
+    loose = [rest for rest in experiments if rest[1] not in ("README.md", "results.zip")]  # only large answers
+    assert experiments and all(r[1].endswith(".parquet") and (REPO / "reports/experiments" / r[0] / r[1]).stat().st_size
+                               >= kept.LOOSE_BYTES for r in loose), loose
+    for name in {e[0] for e in experiments if e[1] == "results.zip"}:
+        members = zipfile.ZipFile(REPO / "reports/experiments" / name / "results.zip").namelist()
+        assert not [m for m in members if m.endswith(".png") or m.endswith("params.yaml")], name

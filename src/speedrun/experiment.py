@@ -1,5 +1,5 @@
-"""Keep a finished `dvc exp run` as a few files under reports/experiments/<name>/ (its README, with the plan, is
-written and committed before the run).
+"""Keep a finished `dvc exp run` as two files under reports/experiments/<name>/: its README (with the plan, written
+and committed before the run) and results.zip (speedrun.kept), holding everything else.
 
     python -m speedrun.experiment reports/experiments/task-control-20-seeds --track task
 
@@ -21,8 +21,10 @@ import yaml
 
 from speedrun.typer_app import new_app, run_app
 from speedrun.common import write_bytes, write_text
+from speedrun.kept import BUNDLE, pack
 
 Track = Literal["chat", "task"]
+MAX_BYTES = 2_000_000  # the most an experiment should add to git (its results.zip)
 SECTION = {"task": "task", "chat": "grpo"}  # where each track's params name its arms (run) and seeds
 # what each track's evaluation writes: report, metrics, per-run metrics folder, samples
 TRACKS: dict[Track, tuple[str, str, str, str]] = {
@@ -55,7 +57,8 @@ def override_args(diff: dict) -> str:
 
 
 def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
-    """Copy the track's outputs from the workspace `root` into `folder`; returns the files written."""
+    """Copy the track's outputs from the workspace `root` into `folder`, packed into its results.zip; returns the
+    paths written (members of the zip, read with speedrun.kept)."""
     readme = folder / "README.md"
     if not readme.exists():
         raise SystemExit(f"{readme}: no such file (commit the experiment's plan there before the run)")
@@ -80,6 +83,9 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
                                          text=True, check=True).stdout)
     diff = overrides(base, params)
     notes = [f"params: the repository's `params.yaml` at commit `{commit}` with `{override_args(diff)}`",
+             f"everything but this README is in `{BUNDLE}`: `python -m speedrun.kept {folder / report.name}` prints "
+             f"the report (any member likewise), `unzip` extracts them; analyses read the members by these paths",
+             f"`{report.name}`: the evaluation's report; `{written[1].relative_to(folder)}`: its metrics",
              f"`{written[2].relative_to(folder)}`: every GRPO run's metrics, one key per run (`<arm>_s<seed>`)",
              f"`{samples.name}`: every {'answer' if track == 'task' else 'response'} the evaluation sampled"]
     if track == "chat":
@@ -88,6 +94,11 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
     old = old[:old.index("\n## Files\n")] if "\n## Files\n" in old else old  # kept again: the section replaced
     old = old.rstrip("\n")
     write_text(readme, old + "\n\n## Files\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+    size = pack(folder).stat().st_size
+    print(f"{folder / BUNDLE}: {size / 1e6:.2f} MB")
+    if size > MAX_BYTES:  # what git grows by; parquet is compressed already, so only fewer answers make it smaller
+        print(f"warning: {folder / BUNDLE} is above {MAX_BYTES / 1e6:.0f} MB: commit the README and track the zip "
+              f"with DVC instead (`dvc add {folder / BUNDLE}`, then `dvc push` to the team's remote)")
     return written
 
 

@@ -11,13 +11,13 @@ experiment made on its own (Holm within the experiment only), which is what the 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
 
+from speedrun import kept
 from speedrun.typer_app import new_app, run_app
 from speedrun.common import write_text
 from speedrun.eval.stats import ALPHA, holm
@@ -40,7 +40,7 @@ def chat_rows(root: Path, members: list[dict]) -> list[str]:
         if not m.get("primary"):
             raise SystemExit(f"{root / 'families.yaml'}: chat member {m['experiment']} names no primary (a list)")
         primary = m["primary"]
-        r = json.loads((root / m["experiment"] / "metrics/diversity.json").read_text())[m["comparison"]]
+        r = kept.read_json(root / m["experiment"] / "metrics/diversity.json")[m["comparison"]]
         p0 = primary[0]
         calls = [f"{p} {VERDICT[int(r['verdict'][p])]}" for p in primary if int(r["verdict"][p])] or ["no call"]
         rows.append(f"| [{m['experiment']}]({m['experiment']}) | {m['comparison']} | {p0} "
@@ -54,7 +54,7 @@ def task_rows(root: Path, members: list[dict]) -> list[str]:
     results = {}
     for m in members:
         path = root / m["experiment"] / "metrics/task.json"  # absent while the plan is committed and the run is not
-        r = json.loads(path.read_text()) if path.exists() else None
+        r = kept.read_json(path) if kept.exists(path) else None
         comp = r["comparisons"][m["comparison"]] if r else None
         results[(m["experiment"], m["comparison"])] = comp and comp[comp.get("primary", "gap")] | {
             "matched": comp.get("primary") == "matched"}

@@ -10,7 +10,6 @@ which an experiment folder does not keep.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +17,7 @@ from typing import Annotated
 import typer
 import yaml
 
+from speedrun import kept
 from speedrun.typer_app import new_app, run_app
 from speedrun.eval.compare import FAIL, METRIC_BY_NAME, PASS, UNSURE
 from speedrun.eval.figures import plot_forest, plot_metrics, plot_scatter
@@ -59,9 +59,9 @@ def result_from_metrics(flat: dict) -> dict:
 def replot(folder: Path) -> list[Path]:
     """Draw the figures of one experiment folder into folder/figures; returns their paths."""
     path = folder / "metrics/diversity.json"
-    if not path.exists():
+    if not kept.exists(path):
         raise SystemExit(f"{path}: no such file (replot draws a chat-track experiment from its metrics)")
-    result = result_from_metrics(json.loads(path.read_text()))
+    result = result_from_metrics(kept.read_json(path))
     declared = folder.parent / "families.yaml"  # an experiment older than the MDE shares: its declared primaries
     if not result["primary"] and declared.exists():
         members = [m for f in yaml.safe_load(declared.read_text()).values() for m in f["members"]]

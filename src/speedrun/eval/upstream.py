@@ -9,7 +9,6 @@ out (and is wide with few of them: t(0.975, 2) = 4.30).
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +16,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from speedrun.common import write_json
+from speedrun import kept
 from speedrun.eval.stats import ALPHA, holm, t_cdf, t_ppf
 from speedrun.typer_app import new_app, run_app
 
@@ -44,10 +43,10 @@ def pool(root: Path) -> dict:
     """Every sub-run <root>/sft_<seed>/metrics/task.json pooled: per comparison, each reading's interval over the
     upstream seeds, Holm over the comparisons' primaries; per arm, its gap and its gap minus the control's; the
     manipulation checks' inputs (pass@1 per comparison, the RM arm's proxy reward start and end per run)."""
-    subs = sorted(root.glob("sft_*/metrics/task.json"))
+    subs = kept.glob(root, "sft_*/metrics/task.json")  # files, or members of root/results.zip
     if len(subs) < 2:
         raise SystemExit(f"{root}: {len(subs)} sft_<seed>/metrics/task.json, need at least 2 upstream seeds")
-    results = {p.parent.parent.name: json.loads(p.read_text()) for p in subs}
+    results = {p.parent.parent.name: kept.read_json(p) for p in subs}
     first = next(iter(results.values()))
     out: dict = {"upstream": list(results), "comparisons": {}, "arms": {}, "training": {}}
     for comp, c in first["comparisons"].items():
@@ -108,7 +107,7 @@ def markdown(pooled: dict) -> str:
 @app.command(help=__doc__.splitlines()[0])
 def command(root: Annotated[Path, typer.Argument(help="the experiment folder holding sft_<seed>/ sub-runs")]) -> None:
     pooled = pool(root)
-    write_json(root / "metrics/task.json", pooled)
+    kept.write_json(root / "metrics/task.json", pooled)
     print(markdown(pooled))
 
 
