@@ -5,7 +5,7 @@ the same 609 held-out items and task SFT model, differing only in their training
 (901-936) and its replication (941-976), read at balanced's pass@1. Each was analysed alone, as its plan fixed. This
 script reads a pair from their committed answers (every run's answers at T = 0.75, 1, 1.25 and the SFT model's at
 seven temperatures), first recomputes each run's own primary with task_compare.compare_arms, the function task_eval
-called (it equalled the committed metrics until the envelope frontier of 2026-11-28 changed the reading; the
+called (it equalled the committed metrics until the envelope frontier (docs/LOG.md, 2026-11-29) changed the reading; the
 script prints where today's reading differs), then the two together: every run of both per arm, read at the pooled
 control's (or treatment's) pass@1, with the same interval over seeds and items, MDE and pass@1 non-inferiority. A
 post-hoc summary of two reported runs, not a new test: the family's call stays the first run's (reports/experiments).

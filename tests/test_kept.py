@@ -52,6 +52,17 @@ def test_the_zip_depends_only_on_its_members_and_writes_replace_one(tmp_path):
     assert (tmp_path / "loose.json").read_bytes() == b"{}"
 
 
+def test_a_large_file_stays_beside_the_zip_and_leaves_no_older_copy_in_it(tmp_path):
+    folder = tmp_path / "exp"
+    _experiment(folder)
+    kept.pack(folder)  # the small answers file: a member
+    big = bytes(kept.LOOSE_BYTES)
+    (folder / "answers.parquet").write_bytes(big)  # kept again, now large: a file on disk
+    kept.pack(folder)
+    assert (folder / "answers.parquet").read_bytes() == big == kept.read_bytes(folder / "answers.parquet")
+    assert "answers.parquet" not in kept._members(folder / "results.zip") and kept.exists(folder / "task.md")
+
+
 def test_the_command_prints_a_member(tmp_path, capsysbinary):
     folder = tmp_path / "exp"
     _experiment(folder)

@@ -4,7 +4,7 @@ keep their meaning: `reports/experiments/x/answers.parquet` names the member `an
 `reports/experiments/x/results.zip`, so every command written in the docs still reads what it names. Readers go
 through here: a path that is a file on disk (a workspace output, a folder not packed yet, a large answers file) is
 read as it is, else as the member of the nearest results.zip above it. The zip is deterministic (members sorted,
-fixed timestamps): the same files give the same bytes, so a repacked experiment does not churn git.
+fixed timestamps): the same files give the same bytes on one zlib build, so a repacked experiment does not churn git.
 
     python -m speedrun.kept reports/experiments/task-control-20-seeds/task.md    # print a member
     python -m speedrun.kept --pack reports/experiments/<name>                     # move its files into results.zip
@@ -143,11 +143,14 @@ def pack(folder: str | Path) -> Path:
     folder = Path(folder)
     bundle = folder / BUNDLE
     members = _members(bundle) if bundle.is_file() else {}
-    files = [f for f in sorted(folder.rglob("*")) if f.is_file() and f != bundle
-             and not (f.parent == folder and f.name in STAYS) and f.relative_to(folder).parts[0] not in DRAWN
-             and f.stat().st_size < LOOSE_BYTES]
-    for f in files:
-        members[PurePosixPath(f.relative_to(folder)).as_posix()] = f.read_bytes()
+    candidates = [f for f in sorted(folder.rglob("*")) if f.is_file() and f != bundle
+                  and not (f.parent == folder and f.name in STAYS) and f.relative_to(folder).parts[0] not in DRAWN]
+    files = [f for f in candidates if f.stat().st_size < LOOSE_BYTES]
+    for f in candidates:  # a large file stays on disk, and no older copy of it stays in the zip
+        rel = PurePosixPath(f.relative_to(folder)).as_posix()
+        members.pop(rel, None)
+        if f in files:
+            members[rel] = f.read_bytes()
     if not members:
         raise SystemExit(f"{folder}: nothing to pack (only {', '.join(STAYS)})")
     write_bytes(bundle, _zip(members))
