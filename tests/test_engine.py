@@ -5,7 +5,8 @@ import torch
 
 import itertools
 
-from speedrun.engine import Samples, generate, process_logits, real_width, sequence_logprobs
+from speedrun.decode import process_logits
+from speedrun.engine import Samples, generate, real_width, sequence_logprobs
 from speedrun.shapes import length_groups
 from speedrun.model import GPT, GPTConfig, KVCache
 
