@@ -9,6 +9,7 @@ task.eval.primary is the one called), pass@1 non-inferiority, the MDE and the se
 compute.nproc > 1 the models are shared over that many processes (torchrun), with the same output as one. A killed
 evaluation's rerun reads the models it had finished back from scratch/task_eval (same settings and inputs only).
 -> reports/metrics/task.json, reports/task.md, outs/task_eval/answers.parquet."""
+import dataclasses
 import shutil
 
 import numpy as np
@@ -93,8 +94,7 @@ def main(p, io) -> None:
                                           c.mde_share, curves, arm_t, c.primary, c.matched_at),
               "run_temperatures": run_ts[1:],
               "pass1_margin_share": c.pass1_margin, "mde_share": c.mde_share,
-              "variants": {arm: {"sampling": p.task.variants[arm].sampling, "reward": p.task.variants[arm].reward}
-                           for arm in p.task.run}}
+              "variants": {arm: dataclasses.asdict(p.task.variants[arm]) for arm in p.task.run}}
     sft_t = arm_t if arm_t in sft else 1.0
     result["blind"] = {"temperature": sft_t, "sft": blind_baseline(sft_all[sft_t], items),
                        "arms": {arm: _blind_mean([blind_baseline(a, items) for a in frames])
@@ -113,8 +113,9 @@ def main(p, io) -> None:
         result["source"] = "gsm8k"
     metrics = {arm: [read_json(io.runs_metrics / f"{arm}_s{s}.json") for s in p.task.seeds] for arm in p.task.run}
     result["manipulation"] = manipulation(metrics, result["variants"])
-    result["training"] = {arm: {k: [m[k] for m in ms] for k in ("reward_start", "reward_end", "gold_pass_start",
-                                                                 "gold_pass_end", "kl_end")}
+    result["training"] = {arm: {k: [m.get(k) for m in ms] for k in ("reward_start", "reward_end", "gold_pass_start",
+                                                                     "gold_pass_end", "kl_end", "rollouts",
+                                                                     "groups_trained")}
                           for arm, ms in metrics.items()}
     if any(v["reward"] == "rm" for v in result["variants"].values()):  # what the RM knows of the task
         task_kind = read_json(io.rm_metrics)["by_kind"].get("task")

@@ -1,9 +1,12 @@
 """Stage task_grpo@<arm>-<seed>: one GRPO run of the task track from the task SFT model, on the task's train items (side
 by side with the track's other stale runs on CPU: speedrun.runs). The arms (task.variants, those of task.run trained)
-differ in how items are drawn (density-aware from the prompt text, uniform, cluster-balanced) and what is paid: the
-checker (RLVR), the checker's rewards shuffled within each group (the negative control), or the reward model trained
-with the task pairs (the RLHF way; the checker is then the gold reward, never trained on). The log's gold_pass is the
-checker's share of right answers in each step."""
+differ in how items are drawn (density-aware from the prompt text, uniform, cluster-balanced, or selected by the
+policy's own rewards: speedrun.rl.selection), what is paid (the checker, RLVR; the checker's rewards shuffled within
+each group, the negative control; or the reward model trained with the task pairs, the RLHF way, the checker then the
+gold reward, never trained on) and how (GRPO's advantage or pass@k's, clip-higher, an entropy bonus). The log's
+gold_pass is the checker's share of right answers over each step's draws; rollouts counts the completions generated."""
+
+import dataclasses
 
 import pandas as pd
 import torch
@@ -20,6 +23,7 @@ from speedrun.rl.prompts import load_prompts, pool_subset, prompt_embeddings, sa
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train, log_means
 from speedrun.rl.run import PromptDraws, finish_run, start_run
+from speedrun.rl.selection import Gate, selector
 from speedrun.stage import run_stage
 from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model
@@ -74,7 +78,8 @@ def embedding_checks(density, model, tok, ids: list[list[int]], texts: list[str]
 
 def main(p, io, arm: str, seed: int) -> None:
     v = p.task.variants[arm]
-    d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, 0.0)
+    d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, v.entropy_bonus)
+    cfg = dataclasses.replace(cfg, advantage=v.advantage, clip_high=v.clip_high)
     dev = d.device
     by_id = {i.item_id: i for i in task.load_items(io.items)}
     clusters = p.task.train_clusters if p.task.source == "embedded" else []  # a hub task: every cluster
@@ -86,10 +91,16 @@ def main(p, io, arm: str, seed: int) -> None:
     rm = load_task_rm(io.rm_dir, dev) if v.reward == "rm" else None
     texts = [i.prompt() for i in items]
     groups = [i.cluster for i in items]
-    weights = sampling_weights(v.sampling, ref, ids, texts, groups, p.task.density, dev, d, where="task.density")
-    draw = PromptDraws(weights, cfg.prompts_per_step)
+    selects = v.sampling in ("filter", "band", "gate")  # uniform draws, then the policy's rewards select
+    weights = sampling_weights("uniform" if selects else v.sampling, ref, ids, texts, groups, p.task.density, dev, d,
+                               where="task.density")
+    threshold = 0.0 if v.reward == "rm" else 0.5  # a passing completion (speedrun.rl.selection)
+    gate = Gate(len(ids), threshold) if v.sampling == "gate" else None
+    draw = PromptDraws(weights, cfg.prompts_per_step, gate)
+    select = selector(v.sampling, cfg.group_size, p.task.train.band, threshold, gate)
+    trained = torch.zeros(len(ids), dtype=torch.long)  # each item's groups trained
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
-    gold_rows: list[float] = []  # the checker's share of right answers per step, whatever the arm is paid
+    gold_rows: list[float] = []  # the checker's share of right answers per draw, whatever the arm is paid
 
     def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
         mine = draw.step_idx[distributed.rank_share(len(draw.step_idx), d)][s.prompt_index.cpu()]
@@ -101,23 +112,35 @@ def main(p, io, arm: str, seed: int) -> None:
             return score_samples(rm, batch, s, tok.bos_id, standardise=True)
         return shuffle_within_groups(gold, cfg.group_size, shuffler) if v.reward == "shuffled" else gold
 
+    def step_stats(idx: torch.Tensor) -> dict:  # the step's trained items; gold over every draw it generated
+        trained[idx] += 1
+        gold = sum(gold_rows) / len(gold_rows)
+        gold_rows.clear()
+        return {"gold_pass": gold}
+
     if d.is_main:
-        print(f"task_grpo {arm} seed {seed} ({v.sampling}, reward {v.reward}): {len(ids)} train items, "
-              f"{d.world} process(es) on {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
+        print(f"task_grpo {arm} seed {seed} ({v.sampling}, reward {v.reward}, advantage {v.advantage}): {len(ids)} "
+              f"train items, {d.world} process(es) on {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = grpo_train(policy, ref, ids, draw, reward, cfg, dev, tok.assistant_end_id, tok.bos_id,
-                        extra_stats=lambda idx: {"gold_pass": gold_rows[-1]},
-                        name=f"task_grpo_{arm}_s{seed}", stream="task_grpo", d=d)  # arms share random numbers
+                        extra_stats=step_stats, name=f"task_grpo_{arm}_s{seed}", stream="task_grpo", d=d,
+                        select=select)  # arms share random numbers
     if not d.is_main:
         distributed.teardown()
         return
     log = pd.DataFrame(result.log)
-    m = {"arm": arm, "sampling": v.sampling, "reward": v.reward, "seed": seed, "steps": len(log),
+    m = {"arm": arm, "sampling": v.sampling, "reward": v.reward, "advantage": v.advantage, "clip_high": v.clip_high,
+         "entropy_bonus": v.entropy_bonus, "seed": seed, "steps": len(log),
+         # what the arm spent: every completion generated, and the groups that trained (a selection arm drops some)
+         "rollouts": int(log["rollouts"].sum()), "groups_trained": int(log["groups_trained"].sum()),
+         **({"gate_open_steps": gate.open_steps, "items_solved": int(gate.solved.sum())} if gate else {}),
          **log_means(log, start={"reward_start": ("reward_mean", 4), "gold_pass_start": ("gold_pass", 4)},
                      end={"reward_end": ("reward_mean", 4), "gold_pass_end": ("gold_pass", 4), "kl_end": ("kl", 5),
                           "completion_len_end": ("completion_len", 2)}),
          "cluster_share_weights": {g: round(x, 4) for g, x in group_shares(weights, groups).items()},
          "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draw.counts.double() / draw.counts.sum(),
                                                                           groups).items()},
+         "cluster_share_trained": {g: round(x, 4) for g, x in group_shares(
+             trained.double() / max(1, int(trained.sum())), groups).items()},
          **(embedding_checks(p.task.density, ref, tok, ids, texts, groups, dev) if v.sampling == "density" else {}),
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}

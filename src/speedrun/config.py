@@ -217,6 +217,10 @@ class GRPOConfig:
     # set by the stage for each run
     beta: float = derived(None)  # the top-level beta
     entropy_bonus: float = derived(None)  # eta: + eta * the policy's per-token entropy in the objective (a variant's)
+    advantage: str = derived("group")  # group: GRPO's | passk: the pass@k advantage over pass_k-subsets (a task arm's)
+    pass_k: int = derived(1)
+    clip_high: float = derived(0.0)  # the ratio's upper clip 1 + clip_high (0 = 1 + clip_eps; a task arm's)
+    select_rounds: int = derived(1)  # draws a prompt-selection arm may spend on one step (speedrun.rl.trainer.rollout)
     seed: int = derived(None)
     bf16: bool = derived(None)
     decode: str = derived(None)  # compute.decode: how generate() decodes

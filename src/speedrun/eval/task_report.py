@@ -22,10 +22,11 @@ def manipulation(metrics: dict[str, list[dict]], variants: dict[str, dict]) -> d
     SPREAD_FACTOR x the third."""
     out = {}
     for arm, ms in metrics.items():
-        if variants[arm]["sampling"] == "uniform":
+        if variants[arm]["sampling"] not in ("density", "balanced"):  # selection arms: the training table's spend
             continue
-        base = next((a for a, v in variants.items() if v["sampling"] == "uniform"
-                     and v["reward"] == variants[arm]["reward"]), None)
+        base = next((a for a, v in variants.items() if v["sampling"] == "uniform" and v["reward"] ==
+                     variants[arm]["reward"] and v.get("advantage", "group") == "group" and not v.get("clip_high")
+                     and not v.get("entropy_bonus")), None)  # the plain arm: uniform draws, GRPO as is
         if base is None:
             out[arm] = {"against": None, "passed": None}
             continue
@@ -320,11 +321,13 @@ def report(r: dict) -> str:
                 c = s[cluster]
                 lines.append(f"| {name} | {cluster} | {c['pass@1']:.3f} | {c['coverage']:.2f} | {c['entropy']:.2f} |")
     lines += ["", "## Training (train items, checker = gold)", "",
-              "| arm | reward start → end, per seed | gold pass start → end, per seed | KL end |",
-              "|---|---|---|---|"]
+              "| arm | reward start → end, per seed | gold pass start → end, per seed | KL end | rollouts (groups "
+              "trained), per seed |", "|---|---|---|---|---|"]
     for arm, t in r["training"].items():
         pairs = lambda a, b: ", ".join(f"{x:+.2f} → {y:+.2f}" for x, y in zip(t[a], t[b]))  # noqa: E731
+        spent = ", ".join(f"{n:,} ({g:,})" for n, g in zip(t.get("rollouts", []), t.get("groups_trained", []))
+                          if n is not None)  # runs before rollouts were counted: blank
         lines.append(f"| {arm} | {pairs('reward_start', 'reward_end')} | {pairs('gold_pass_start', 'gold_pass_end')} "
-                     f"| {', '.join(f'{k:.3f}' for k in t['kl_end'])} |")
+                     f"| {', '.join(f'{k:.3f}' for k in t['kl_end'])} | {spent} |")
     lines += rm_section(r)
     return "\n".join(lines) + "\n"

@@ -4,6 +4,8 @@ Pure tensor functions; the training loop (sampling, scoring, optimiser) lives el
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 SCALES = ("group", "batch", "none")
@@ -51,6 +53,44 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     return (centered / (std + eps)).reshape(-1)
 
 
+def passk_advantages(rewards: torch.Tensor, group_size: int, k: int, scale: str = "group",
+                     eps: float = 1e-4) -> torch.Tensor:
+    """The pass@k advantage (Chen et al., arXiv 2508.10751, its analytic form): a completion's advantage is the mean
+    reward of the k-subsets of its group that hold it, less the mean over all k-subsets, where a k-subset's reward is
+    its best completion's. On binary rewards (N completions, c right): the mean is 1 - C(N-c, k)/C(N, k), a right
+    completion gets (1 - mean) and a wrong one (1 - mean - C(N-c-1, k-1)/C(N-1, k-1)), over the std of the subsets'
+    reward (sqrt(mean (1 - mean)): the paper's). Real rewards take the same form with the max. k = 1 is GRPO's
+    advantage up to the std's Bessel factor. scale: group (that std) | batch (the std of every reward) | none."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    num_prompts = _check_groups(rewards, group_size)
+    if not 1 <= k <= group_size:
+        raise ValueError(f"pass@k advantage: k must lie in [1, group size {group_size}], got {k}")
+    r = rewards.detach().double().view(num_prompts, group_size)
+    if not torch.isfinite(r).all():
+        raise ValueError("pass@k advantage: a reward is not finite")
+    s, order = r.sort(dim=1)  # ascending: the i-th smallest is a subset's max in C(i, k-1) of the C(N, k) subsets
+    N = group_size
+    w_all = torch.tensor([math.comb(i, k - 1) / math.comb(N, k) for i in range(N)], dtype=torch.float64)
+    mean = (s * w_all).sum(1, keepdim=True)
+    second = ((s - mean) ** 2 * w_all).sum(1, keepdim=True)  # the variance of the k-subsets' reward
+    # for the completion at sorted position j: the other k-1 of its subset come from the N-1 others, whose i-th
+    # smallest is the max of those k-1 in C(i, k-2) of C(N-1, k-1) draws; the subset's reward is the larger one
+    w_rest = torch.tensor([math.comb(i, k - 2) / math.comb(N - 1, k - 1) if k >= 2 else 0.0 for i in range(N - 1)],
+                          dtype=torch.float64)
+    held = torch.empty_like(s)
+    for j in range(N):
+        rest = torch.cat([s[:, :j], s[:, j + 1:]], 1)
+        held[:, j] = s[:, j] if k == 1 else (torch.maximum(rest, s[:, j:j + 1]) * w_rest).sum(1)
+    adv = torch.empty_like(s).scatter_(1, order, held - mean)
+    adv = torch.where(s[:, -1:] > s[:, :1], adv, torch.zeros_like(adv))  # equal rewards: exactly no signal
+    if scale == "group":
+        adv = adv / (second.sqrt() + eps)
+    elif scale == "batch":
+        adv = adv / (r.std(unbiased=True) + eps)
+    return adv.reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
 def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
     """Fraction of groups whose rewards are all equal: they give zero advantage, hence no signal."""
     num_prompts = _check_groups(rewards, group_size)
@@ -67,6 +107,7 @@ def token_loss(
     clip_eps: float,
     beta: float,
     normaliser: float | None = None,
+    clip_high: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped GRPO surrogate + beta * k3 KL, averaged over the masked (completion) tokens of the batch.
 
@@ -75,7 +116,8 @@ def token_loss(
     are constants. Per token: -min(rho*A, clip(rho, 1-eps, 1+eps)*A) + beta*(exp(ref-logp) - (ref-logp) - 1).
     normaliser: the loss divides the summed token terms by it instead of this batch's masked-token count (a rank
     of a multi-process step passes the count over all ranks, so the summed gradients are the whole batch's);
-    the stats stay means over this batch's tokens.
+    the stats stay means over this batch's tokens. clip_high: the ratio's upper clip 1 + clip_high in place of
+    1 + clip_eps (DAPO's clip-higher, arXiv 2503.14476: more room to raise unlikely tokens; 0 = symmetric).
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
@@ -84,8 +126,10 @@ def token_loss(
             raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
     if advantages.shape != (logp.shape[0],):
         raise ValueError(f"advantages must be [B]={logp.shape[0]}, got shape {tuple(advantages.shape)}")
-    if clip_eps < 0 or beta < 0:
-        raise ValueError(f"clip_eps and beta must be >= 0, got clip_eps={clip_eps}, beta={beta}")
+    if clip_eps < 0 or beta < 0 or clip_high < 0:
+        raise ValueError(f"clip_eps, clip_high and beta must be >= 0, got clip_eps={clip_eps}, "
+                         f"clip_high={clip_high}, beta={beta}")
+    hi = 1.0 + (clip_high or clip_eps)
     m = mask.bool()
     n = m.sum()
     if n == 0:
@@ -99,7 +143,7 @@ def token_loss(
 
     ratio = torch.exp(logp - old)
     surr = ratio * adv
-    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, hi) * adv
     pg = -torch.minimum(surr, surr_clipped)
     # k3 estimator: unbiased, >= 0, and its gradient pulls logp toward ref (unlike logp - ref)
     d = ref - logp
@@ -111,8 +155,8 @@ def token_loss(
         nf = n.to(logp.dtype)
         msum = lambda x: float(torch.where(m, x, zero).sum() / nf)  # noqa: E731
         # clipped branch active = the min picked the clipped term, so this token gets no gradient
-        clipped = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
-        outside = (ratio > 1.0 + clip_eps) | (ratio < 1.0 - clip_eps)
+        clipped = ((adv > 0) & (ratio > hi)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
+        outside = (ratio > hi) | (ratio < 1.0 - clip_eps)
         stats = {
             "loss": float(loss),
             "pg_loss": msum(pg),

@@ -36,15 +36,17 @@ def start_run(p, io: SimpleNamespace, t: GRPOConfig, key: str, module: str, seed
 
 
 class PromptDraws:
-    """The draw function of grpo_train: each step's prompts from the sampling weights, counted per prompt."""
+    """The draw function of grpo_train: each step's prompts from the sampling weights, counted per prompt; with a
+    gate (speedrun.rl.selection.Gate), from those weights on the items it leaves open."""
 
-    def __init__(self, weights: torch.Tensor, per_step: int):
-        self.weights, self.per_step = weights, per_step
+    def __init__(self, weights: torch.Tensor, per_step: int, gate=None):
+        self.weights, self.per_step, self.gate = weights, per_step, gate
         self.counts = torch.zeros(len(weights), dtype=torch.long)
-        self.step_idx = torch.zeros(0, dtype=torch.long)  # the prompts of the step being scored
+        self.step_idx = torch.zeros(0, dtype=torch.long)  # the prompts of the draw being scored
 
     def __call__(self, step: int, g: torch.Generator) -> torch.Tensor:
-        self.step_idx = draw_prompts(self.weights, self.per_step, g)
+        w = self.weights if self.gate is None else self.gate.weights(self.weights, self.per_step)
+        self.step_idx = draw_prompts(w, self.per_step, g)
         self.counts[self.step_idx] += 1
         return self.step_idx
 

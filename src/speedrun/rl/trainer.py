@@ -18,7 +18,7 @@ from speedrun.common import check_finite, stable_seed, write_parquet, write_text
 from speedrun.config import GRPOConfig
 from speedrun.engine import Samples, generate, sequence_logprobs
 from speedrun.progress import Progress
-from speedrun.rl.grpo import group_advantages, token_loss, zero_std_fraction
+from speedrun.rl.grpo import group_advantages, passk_advantages, token_loss, zero_std_fraction
 from speedrun.shapes import ShapeCounter, count_shapes, round_up, width_step
 from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
 from speedrun.train.checkpoint import save_model
@@ -29,6 +29,8 @@ from speedrun.trunk import FrozenTrunk, freeze_trunk, frozen_trunk, require_shar
 DrawFn = Callable[[int, torch.Generator], torch.Tensor]
 # (prompts of the step, samples) -> rewards [B * G]
 RewardFn = Callable[[list[list[int]], Samples], torch.Tensor]
+# (indices of a draw's prompts [n], their rewards [n * G]) -> bool [n]: the groups that train
+SelectFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -42,7 +44,7 @@ class GRPOResult:
 def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw: DrawFn, reward_fn: RewardFn,
                cfg: GRPOConfig, device: str, stop_id: int | None, pad_id: int,
                extra_stats: Callable[[torch.Tensor], dict] | None = None, name: str = "grpo",
-               stream: str | None = None, d: Dist | None = None) -> GRPOResult:
+               stream: str | None = None, d: Dist | None = None, select: SelectFn | None = None) -> GRPOResult:
     """Train `policy` in place against `reward_fn`; returns the per-step log and why it stopped. The sampling and
     prompt-draw generators are keyed on (cfg.seed, stream or name, step): runs that share a stream share their
     random numbers (the arms of one training seed, so their comparison is paired). Each completion token takes
@@ -50,10 +52,15 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
     rows beside it. Across processes (d, under torchrun): every rank draws the step's prompts, samples and
     scores its contiguous share of them, the rewards are gathered (advantages and logs see the whole batch), the
     loss divides by the global token count and the gradients are summed: the same step as one process, up to
-    float rounding. reward_fn sees this rank's share."""
+    float rounding. reward_fn sees this rank's share. select (one process): the groups of a step's draw that train
+    (a prompt-selection arm), the draw repeated up to cfg.select_rounds times until prompts_per_step groups are kept:
+    rollout()."""
     unset = [f.name for f in fields(cfg) if getattr(cfg, f.name) is None]
     if unset:
         raise ValueError(f"{name}: GRPO config fields {unset} are not set (a stage sets them with dataclasses.replace)")
+    if select is not None and d is not None and d.world > 1:
+        raise ValueError(f"{name}: a prompt-selection arm runs in one process (compute.nproc 1): its refill rounds "
+                         "read every group's rewards before the next draw")
     d = d or Dist(0, 1, device)
     stream = stream or name
     ref.eval().requires_grad_(False)
@@ -74,27 +81,23 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
         for step in range(cfg.steps):
             t0 = time.perf_counter()
             shapes.mark(step)
-            g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, stream, step))
-            idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, stream, "draw", step)))
+            idx, batch, s, rewards, rollouts, trains = rollout(policy, prompts, draw, reward_fn, select, cfg, device,
+                                                               stop_id, pad_id, stream, step, d)
             share = rank_share(len(idx), d)
             rows = slice(share.start * G, share.stop * G)  # this rank's completions
-            batch = [prompts[i] for i in idx[share].tolist()]
-            uniforms = torch.rand(len(idx) * G, cfg.max_new_tokens, generator=g, device=device)[rows]
-            policy.eval()
             with torch.no_grad(), autocast(device, cfg.bf16):
-                s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
-                             decode=cfg.decode, **sample_kw)
-                local_rewards = reward_fn(batch, s).float().to(device)
                 trunk = frozen_trunk(policy, batch, s.tokens, s.mask, cfg.frozen_blocks, pad_id) \
                     if cfg.frozen_blocks else None  # the policy's and the reference's, the same weights
                 ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, trunk=trunk,
                                              **sample_kw)
-            rewards = all_gather_cat(local_rewards, d).cpu()
             check_finite(float(rewards.mean()), f"{name} reward", step)
             t_sample = time.perf_counter() - t0
-            adv_all = group_advantages(rewards, G, scale=cfg.adv_scale)
-            adv = adv_all[rows].to(device)
+            adv_all = passk_advantages(rewards, G, cfg.pass_k, cfg.adv_scale) if cfg.advantage == "passk" else \
+                group_advantages(rewards, G, scale=cfg.adv_scale)
+            adv = adv_all[rows].to(device) if len(idx) else adv_all.to(device)
             loss_mask, per_row, n_loss = masks(s, stop_id, cfg, d)
+            if not trains:  # the selection kept no group: the step samples, counts and trains nothing
+                loss_mask, n_loss = loss_mask * 0, 0.0
             policy.train()
             stats, grad_norm = update(policy, opt, params, batch, s, ref_logp, adv, loss_mask, n_loss, step, cfg,
                                       device, pad_id, sample_kw, d, name, trunk)
@@ -102,8 +105,9 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             tokens += n_tok
             seconds = time.perf_counter() - t0
             row = step_row(step, stats, grad_norm, rewards, adv_all, per_row, G, n_tok, seconds, t_sample, shapes)
+            row.update(rollouts=rollouts, groups_trained=len(idx) if trains else 0)
             if extra_stats is not None:
-                row.update(extra_stats(idx))
+                row.update(extra_stats(idx if trains else idx[:0]))
             log.append(row)
             bar.update(1, reward=f"{row['reward_mean']:+.3f}", kl=f"{row['kl']:.4f}")
             if d.is_main:
@@ -123,6 +127,62 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
               f"{shapes.new_since(0) if cfg.warm_up else shapes.new_since(1)} first met "
               f"{'after the warm-up' if cfg.warm_up else 'after step 1'}", flush=True)
     return GRPOResult(log, stop_reason, time.perf_counter() - t_start, tokens)
+
+
+def rollout(policy: nn.Module, prompts: list[list[int]], draw: DrawFn, reward_fn: RewardFn, select: SelectFn | None,
+            cfg: GRPOConfig, device: str, stop_id: int | None, pad_id: int, stream: str, step: int, d: Dist
+            ) -> tuple[torch.Tensor, list[list[int]], Samples, torch.Tensor, int, bool]:
+    """A step's prompts (indices), this rank's prompts and samples, every rank's rewards, the completions generated
+    and whether any group trains. Without select: one draw of prompts_per_step. With it (DAPO's dynamic sampling,
+    arXiv 2503.14476): draws of prompts_per_step until that many groups are kept or cfg.select_rounds draws are
+    spent; the kept groups train, the first prompts_per_step of them in draw order; none kept: the last draw's groups
+    are returned and nothing trains. Round 0 takes the step's own random numbers, so an arm that keeps every group
+    samples what an unselected arm samples."""
+    G, B, parts, kept = cfg.group_size, cfg.prompts_per_step, [], 0
+    for rnd in range(cfg.select_rounds if select is not None else 1):
+        key = (step,) if rnd == 0 else (step, rnd)
+        g = torch.Generator(device=device).manual_seed(stable_seed(cfg.seed, stream, *key))
+        idx = draw(step, torch.Generator().manual_seed(stable_seed(cfg.seed, stream, "draw", *key)))
+        share = rank_share(len(idx), d)
+        batch = [prompts[i] for i in idx[share].tolist()]
+        uniforms = torch.rand(len(idx) * G, cfg.max_new_tokens, generator=g, device=device)[
+            share.start * G:share.stop * G]
+        policy.eval()
+        with torch.no_grad(), autocast(device, cfg.bf16):
+            s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
+                         decode=cfg.decode, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+            local_rewards = reward_fn(batch, s).float().to(device)
+        rewards = all_gather_cat(local_rewards, d).cpu()
+        if select is None:
+            return idx, batch, s, rewards, len(idx) * G, True
+        keep = select(idx, rewards)
+        parts.append((idx, batch, s, rewards, keep))
+        kept += int(keep.sum())
+        if kept >= B:
+            break
+    rollouts = sum(len(p[0]) for p in parts) * G
+    if kept == 0:
+        return (*parts[-1][:4], rollouts, False)
+    return (*kept_groups(parts, G, B, pad_id), rollouts, True)
+
+
+def kept_groups(parts: list[tuple], G: int, B: int, pad_id: int
+                ) -> tuple[torch.Tensor, list[list[int]], Samples, torch.Tensor]:
+    """The kept groups of a step's draws, at most B in draw order, as one draw: (prompt indices, prompts, samples
+    padded to the longest kept completion, rewards)."""
+    idx, batch, rewards, tok, msk, lp = [], [], [], [], [], []
+    for p_idx, p_batch, s, r, keep in parts:
+        for j in torch.nonzero(keep).flatten().tolist()[:B - len(idx)]:
+            idx.append(int(p_idx[j]))
+            batch.append(p_batch[j])
+            sl = slice(j * G, (j + 1) * G)
+            tok.append(s.tokens[sl]), msk.append(s.mask[sl]), lp.append(s.logprobs[sl]), rewards.append(r[sl])
+    T = max(1, int(max(m.sum(1).max() for m in msk)))
+    pad = lambda x, v: torch.nn.functional.pad(x[:, :T], (0, T - min(T, x.shape[1])), value=v)  # noqa: E731
+    s = Samples(torch.cat([pad(t, pad_id) for t in tok]), torch.cat([pad(m, 0.0) for m in msk]),
+                torch.cat([pad(x, 0.0) for x in lp]),
+                torch.arange(len(idx), device=tok[0].device).repeat_interleave(G))
+    return torch.tensor(idx, dtype=torch.long), batch, s, torch.cat(rewards)
 
 
 def masks(s: Samples, stop_id: int | None, cfg: GRPOConfig, d: Dist) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -156,7 +216,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, params: list[nn.Parame
                                     entropy=cfg.entropy_bonus > 0, trunk=trunk, **sample_kw)
         logp, ent = out if cfg.entropy_bonus > 0 else (out, None)
         loss, local = token_loss(logp.float(), s.logprobs, ref_logp.float(), adv, loss_mask, cfg.clip_eps,
-                                 cfg.beta, normaliser=n_loss) if loss_mask.any() else \
+                                 cfg.beta, normaliser=n_loss, clip_high=cfg.clip_high) if loss_mask.any() else \
             ((logp * 0).sum(), dict.fromkeys(stats, 0.0))  # a rank with no token still joins the all-reduce
         if ent is not None:  # entropy regularisation: + eta * the whole next-token distribution's entropy
             loss = loss - cfg.entropy_bonus * (ent.float() * (loss_mask > 0)).sum() / n_loss
