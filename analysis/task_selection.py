@@ -1,7 +1,9 @@
 """Prompt selection and mitigations against the RM's collapse (issue 70): each arm against `rm` over upstream models,
 read from an experiment of sft_<seed>/ sub-runs (speedrun.eval.upstream pools them), with the share of the collapse
 each arm recovers, its gold pass@1, the rollouts it spent, its secondaries (pass@16, answer entropy, top-phrasing
-share) and the upstream models a design needs for an MDE of 30% of the collapse.
+share), how far it moved from the task SFT model (KL at the end of training, beside rm's: an arm that optimises the
+proxy less may lose less for that reason alone) and the upstream models a design needs for an MDE of 30% of the
+collapse.
 
     python analysis/task_selection.py reports/experiments/task-selection-rm-pilot \
         --part-b reports/experiments/task-selection-rm-pilot-clip
@@ -54,6 +56,7 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], collapse: float, la
         spent = [np.mean([x for x in subs[u]["training"][arm]["rollouts"] if x is not None] or [np.nan])
                  for u in subs]
         base = [np.mean([x for x in subs[u]["training"]["rm"]["rollouts"] if x is not None] or [np.nan]) for u in subs]
+        kl = [np.mean(subs[u]["training"][a]["kl_end"]) for a in (arm, "rm") for u in subs]  # how far it moved
         sd = g["se"] * math.sqrt(len(subs))
         need = upstream_needed(sd, 0.3 * collapse)
         sec = {k: np.mean([subs[u]["arms"][arm]["mean"]["all"][k] - subs[u]["arms"]["rm"]["mean"]["all"][k]
@@ -63,7 +66,7 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], collapse: float, la
                    + (f"{share['value']:+.2f} [{share['ci_low']:+.2f}, {share['ci_high']:+.2f}]" if share else "-")
                    + f" | {p1.get('value', float('nan')):+.3f} | {np.nanmean(spent) / np.nanmean(base):.2f} | "
                    f"{sec['pass@16']:+.3f} | {sec['entropy']:+.2f} | {sec['top_phrasing_share']:+.3f} | "
-                   f"{need if need else '> 500'} |")
+                   f"{np.mean(kl[:len(subs)]):.2f} ({np.mean(kl[len(subs):]):.2f}) | {need if need else '> 500'} |")
     return out
 
 
@@ -81,9 +84,9 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
           f"{col['gap']['value']:+.3f} [{col['gap']['ci_low']:+.3f}, {col['gap']['ci_high']:+.3f}] "
           f"(per upstream {', '.join(f'{-v:+.2f}' for v in by_u.values())}); 30% of it: {0.3 * collapse:.2f}\n")
     print("| arm − rm | Δ gap [95% CI, t over upstream] | range of readings | MDE | share of the collapse recovered "
-          "| Δ gold pass@1 | rollouts / rm's | Δ pass@16 | Δ entropy | Δ top-phrasing share | upstream models for "
-          "MDE 30% |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| Δ gold pass@1 | rollouts / rm's | Δ pass@16 | Δ entropy | Δ top-phrasing share | KL end (rm's) | "
+          "upstream models for MDE 30% |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows(root, by_u, collapse, "")))
     if part_b is not None:
         b = {u: v for u, v in by_u.items()}

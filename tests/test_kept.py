@@ -63,6 +63,27 @@ def test_a_large_file_stays_beside_the_zip_and_leaves_no_older_copy_in_it(tmp_pa
     assert "answers.parquet" not in kept._members(folder / "results.zip") and kept.exists(folder / "task.md")
 
 
+def test_sub_runs_kept_on_their_own_are_found_then_merged_into_their_experiment(tmp_path):
+    """An upstream experiment keeps each sub-run as its own README + results.zip (speedrun.experiment); pooling finds
+    their members, and packing the experiment moves them into its one zip, unzipped."""
+    folder = tmp_path / "exp"
+    for s in (4, 5):
+        _experiment(folder / f"sft_{s}")
+        (folder / f"sft_{s}/metrics/task.json").write_text(json.dumps({"seed": s}))
+        kept.pack(folder / f"sft_{s}")
+    (folder / "README.md").write_text("# the plan\n")
+    found = kept.glob(folder, "sft_*/metrics/task.json")
+    assert found == [folder / "sft_4/metrics/task.json", folder / "sft_5/metrics/task.json"]
+    assert [kept.read_json(p)["seed"] for p in found] == [4, 5]
+    kept.write(folder / "metrics/task.json", b'{"pooled": 1}')  # the pooled metrics, a plain file for now
+    kept.pack(folder)
+    assert sorted(f.name for f in folder.iterdir()) == ["README.md", "results.zip"]
+    members = kept._members(folder / "results.zip")
+    assert "sft_4/results.zip" not in members and "sft_4/README.md" in members and "sft_5/answers.parquet" in members
+    assert kept.glob(folder, "sft_*/metrics/task.json") == found and kept.read_json(found[1]) == {"seed": 5}
+    assert kept.read_json(folder / "metrics/task.json") == {"pooled": 1}
+
+
 def test_the_command_prints_a_member(tmp_path, capsysbinary):
     folder = tmp_path / "exp"
     _experiment(folder)

@@ -89,21 +89,30 @@ def read_parquet(path: str | Path, **kwargs: Any) -> "pd.DataFrame":  # noqa: F8
 
 
 def glob(folder: str | Path, pattern: str) -> list[Path]:
-    """Paths under `folder` matching `pattern` (segment by segment, as Path.glob without **), on disk and in the
-    results.zip of `folder` or above it, sorted."""
-    folder = Path(folder)
+    """Paths under `folder` matching `pattern` (segment by segment, as Path.glob without **), on disk, in the
+    results.zip of `folder` or above it, and in the results.zip of a sub-folder the pattern's leading segments match
+    (an upstream sub-run kept on its own, before its experiment is packed), sorted."""
+    folder, parts = Path(folder), pattern.split("/")
     found = set(folder.glob(pattern))
     hit = locate(folder / "_")  # the bundle of folder itself, or of a folder above it
     if hit is not None:
-        prefix = PurePosixPath(hit[1]).parent.as_posix()
-        parts = pattern.split("/")
-        with zipfile.ZipFile(hit[0]) as z:
-            for name in z.namelist():
-                rel = name[len(prefix) + 1:] if prefix != "." else name
-                if (prefix == "." or name.startswith(prefix + "/")) and len(rel.split("/")) == len(parts) and all(
-                        fnmatch.fnmatchcase(a, b) for a, b in zip(rel.split("/"), parts)):
-                    found.add(folder / rel)
+        found |= _matches(hit[0], PurePosixPath(hit[1]).parent.as_posix(), parts, folder)
+    for k in range(1, len(parts)):  # bundles below folder: <leading segments>/results.zip
+        for bundle in folder.glob("/".join(parts[:k] + [BUNDLE])):
+            found |= _matches(bundle, ".", parts[k:], bundle.parent)
     return sorted(found)
+
+
+def _matches(bundle: Path, prefix: str, parts: list[str], base: Path) -> set[Path]:
+    """base / each member of `bundle` under `prefix` whose remaining path matches `parts` segment by segment."""
+    out = set()
+    with zipfile.ZipFile(bundle) as z:
+        for name in z.namelist():
+            rel = name[len(prefix) + 1:] if prefix != "." else name
+            if (prefix == "." or name.startswith(prefix + "/")) and len(rel.split("/")) == len(parts) and all(
+                    fnmatch.fnmatchcase(a, b) for a, b in zip(rel.split("/"), parts)):
+                out.add(base / rel)
+    return out
 
 
 def _zip(members: dict[str, bytes]) -> bytes:
@@ -145,11 +154,14 @@ def pack(folder: str | Path) -> Path:
     members = _members(bundle) if bundle.is_file() else {}
     candidates = [f for f in sorted(folder.rglob("*")) if f.is_file() and f != bundle
                   and not (f.parent == folder and f.name in STAYS) and f.relative_to(folder).parts[0] not in DRAWN]
-    files = [f for f in candidates if f.stat().st_size < LOOSE_BYTES]
+    files = [f for f in candidates if f.stat().st_size < LOOSE_BYTES or f.name == BUNDLE]  # sub-runs: merged
     for f in candidates:  # a large file stays on disk, and no older copy of it stays in the zip
         rel = PurePosixPath(f.relative_to(folder)).as_posix()
         members.pop(rel, None)
-        if f in files:
+        if f in files and f.name == BUNDLE:  # a sub-folder kept on its own (a sub-run): its members join, unzipped
+            sub = PurePosixPath(rel).parent.as_posix()
+            members.update({f"{sub}/{n}": b for n, b in _members(f).items()})
+        elif f in files:
             members[rel] = f.read_bytes()
     if not members:
         raise SystemExit(f"{folder}: nothing to pack (only {', '.join(STAYS)})")
