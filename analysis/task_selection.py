@@ -6,7 +6,7 @@ proxy less may lose less for that reason alone) and the upstream models a design
 collapse.
 
     python analysis/task_selection.py reports/experiments/task-selection-rm-pilot \
-        --part-b reports/experiments/task-selection-rm-pilot-clip
+        --part-b reports/experiments/task-selection-rm-pilot/clip
 
 The collapse is `rm:shuffled`'s Δ gap in the first experiment (the regime where the shuffled control ran); a part B
 arm's recovery is read against the same upstream model's collapse from it, though part B trains at another
