@@ -23,7 +23,7 @@ from speedrun.rl.prompts import load_prompts, pool_subset, prompt_embeddings, sa
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train, log_means
 from speedrun.rl.run import PromptDraws, finish_run, start_run
-from speedrun.rl.selection import Gate, selector
+from speedrun.rl.selection import SELECTING, Gate, selector
 from speedrun.stage import run_stage
 from speedrun.train import distributed
 from speedrun.train.checkpoint import load_model
@@ -78,7 +78,12 @@ def embedding_checks(density, model, tok, ids: list[list[int]], texts: list[str]
 
 def main(p, io, arm: str, seed: int) -> None:
     v = p.task.variants[arm]
-    d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, v.entropy_bonus)
+    selects = v.sampling in SELECTING  # uniform draws, then the policy's rewards select: one process reads them all
+    if selects and p.compute.nproc > 1:
+        print(f"task_grpo {arm}: {v.sampling} reads each draw's rewards before the next draw: one process, not "
+              f"compute.nproc {p.compute.nproc}")
+    d, cfg, tok = start_run(p, io, p.task.train, "task.train", "stages.task_grpo", seed, v.entropy_bonus,
+                            nproc=1 if selects else None)
     cfg = dataclasses.replace(cfg, advantage=v.advantage, clip_high=v.clip_high)
     dev = d.device
     by_id = {i.item_id: i for i in task.load_items(io.items)}
@@ -91,7 +96,6 @@ def main(p, io, arm: str, seed: int) -> None:
     rm = load_task_rm(io.rm_dir, dev) if v.reward == "rm" else None
     texts = [i.prompt() for i in items]
     groups = [i.cluster for i in items]
-    selects = v.sampling in ("filter", "band", "gate")  # uniform draws, then the policy's rewards select
     weights = sampling_weights("uniform" if selects else v.sampling, ref, ids, texts, groups, p.task.density, dev, d,
                                where="task.density")
     threshold = 0.0 if v.reward == "rm" else 0.5  # a passing completion (speedrun.rl.selection)

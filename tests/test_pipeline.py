@@ -16,7 +16,8 @@ from conftest import dvc, git, make_pipeline_repo, run_module, set_params
 from speedrun.train.checkpoint import load_model
 
 GRPO_RUNS = [f"grpo@{v}-{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)]
-TASK_RUNS = [f"task_grpo@{a}-{s}" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)]
+TASK_ARMS = ("checker", "density", "filter", "shuffled", "rm")
+TASK_RUNS = [f"task_grpo@{a}-{s}" for a in TASK_ARMS for s in (1, 2)]
 MICRO = {"corpus.max_docs": 600, "tokenizer.vocab_size": 512}
 
 MICRO_DAG = {
@@ -141,9 +142,9 @@ def _first_repro(repo: Path) -> None:
     assert {f"grpo/{v}_s{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)} == {
         f"grpo/{r.name}" for r in (repo / "outs/grpo").iterdir()}
     assert {f.name for f in (repo / "reports/metrics/task_grpo").iterdir()} == {
-        f"{a}_s{s}.json" for a in ("checker", "density", "shuffled", "rm") for s in (1, 2)}
-    assert "task_grpo: training checker_s1, checker_s2, density_s1" in out and "--- [8/8] " in out
-    assert out.count("was trained beside an earlier run of the track; installing it") == 7 + 5
+        f"{a}_s{s}.json" for a in TASK_ARMS for s in (1, 2)}
+    assert "task_grpo: training checker_s1, checker_s2, density_s1" in out and "--- [10/10] " in out
+    assert out.count("was trained beside an earlier run of the track; installing it") == 9 + 5
     for stage, monitor in (("pretrain", "val_bpb"), ("sft", "val_loss"), ("task_sft", "val_loss")):
         evals = pd.read_csv(repo / f"outs/{stage}/eval.csv").query("step > 0")  # a checkpoint's step: its weights'
         assert json.loads((repo / f"outs/{stage}/meta.json").read_text())["step"] == \
@@ -161,7 +162,7 @@ def _first_repro(repo: Path) -> None:
     assert {"task_pass@1", "task_coverage@2"} <= set(diversity["sft"])
     assert_held_out(repo)
     task_result = json.loads((repo / "reports/metrics/task.json").read_text())
-    assert set(task_result["arms"]) == {"checker", "density", "shuffled", "rm"} and set(task_result["sft"]) == {"0.5",
+    assert set(task_result["arms"]) == set(TASK_ARMS) and set(task_result["sft"]) == {"0.5",
                                                                                                             "1.0"}
     assert task_result["rm"]["pairs"] > 0 and 0 <= task_result["rm"]["acc"] <= 1  # the RM scored held-out task pairs
     assert {"pass@1", "pass@2", "coverage", "entropy", "top_phrasing_share"} <= set(task_result["sft"]["1.0"]["all"])
@@ -388,7 +389,7 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     assert meta["arch"] == "llama" and meta["init"].startswith("tiny.gguf sha256 ")
     assert json.loads((repo / "outs/task_rm/meta.json").read_text())["arch"] == "llama"
     task_result = json.loads((repo / "reports/metrics/task.json").read_text())
-    assert set(task_result["arms"]) == {"checker", "density", "shuffled", "rm"}
+    assert set(task_result["arms"]) == set(TASK_ARMS)
     assert "task.base" in dvc(repo, "exp", "show", "--csv")
 
 

@@ -156,7 +156,6 @@ def test_gated_draws_leave_solved_items_alone():
     (["task.run=[clip_higher, checker]"], "task.variants.clip_higher.clip_high: acts only with task.train.inner"),
     (["task.train.band=[0.8, 0.2]"], "task.train.band: [0.8, 0.2] must be [low, high]"),
     (["task.run=[passk, checker]", "task.train.pass_k=9"], "task.train.pass_k: 9 is above the group size 8"),
-    (["task.run=[filter, checker]", "compute.nproc=2"], "task.variants.filter.sampling: filter reads each draw's"),
 ])
 def test_an_arm_that_cannot_act_is_refused_at_load(overrides, message):
     from speedrun import params

