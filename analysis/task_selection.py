@@ -95,6 +95,25 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], label: str, bar: fl
     return out, power
 
 
+def step_row(fast: dict[str, dict], slow: dict[str, dict], collapse_by_upstream: dict[str, float]) -> str:
+    """rm_passk of the first experiment against rm of `slow` (a smaller step), per upstream model the difference of
+    their gaps below the envelope, and their KL at the end: does pass@k keep more than a step that moves as far?"""
+    ups = [u for u in fast if u in slow]
+    d = cluster_interval([fast[u]["frontier_gap"]["rm_passk"]["gap"] - slow[u]["frontier_gap"]["rm"]["gap"]
+                          for u in ups])
+    share = cluster_interval([(fast[u]["frontier_gap"]["rm_passk"]["gap"] - slow[u]["frontier_gap"]["rm"]["gap"])
+                              / collapse_by_upstream[u] for u in ups])
+    p1 = cluster_interval([fast[u]["arms"]["rm_passk"]["mean"]["all"]["pass@1"] -
+                           slow[u]["arms"]["rm"]["mean"]["all"]["pass@1"] for u in ups])
+    kl = (np.mean([np.mean(fast[u]["training"]["rm_passk"]["kl_end"]) for u in ups]),
+          np.mean([np.mean(slow[u]["training"]["rm"]["kl_end"]) for u in ups]))
+    return (f"| rm_passk − rm at the smaller step ({len(ups)} upstream models) | {d['value']:+.3f} "
+            f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | gap only | {d['mde']:.2f} | {share['value']:+.2f} "
+            f"[{share['ci_low']:+.2f}, {share['ci_high']:+.2f}] | {p1['value']:+.3f} [{p1['ci_low']:+.3f}, "
+            f"{p1['ci_high']:+.3f}] | 1.00 | | | "
+            f"| | {kl[0]:.2f} ({kl[1]:.2f}) |")
+
+
 @app.command()
 def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<seed>/ sub-runs, rm:shuffled among "
                                                       "its comparisons")],
@@ -102,7 +121,10 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
                                                                 "arms are compared with rm at other settings")] = None,
             bar: Annotated[float, typer.Option(help="the MDE a powered design must reach: 30% of the collapse the "
                                                     "ten-model experiments measured (1.52), as the pilot's plan says")
-                           ] = 0.456) -> None:
+                           ] = 0.456,
+            slow: Annotated[Optional[Path], typer.Option(help="an experiment on the same upstream and GRPO seeds with "
+                                                             "rm at a smaller step: rm_passk is read against it")
+                            ] = None) -> None:
     subs = sub_runs(root)
     by_u = {u: -r["comparisons"]["rm:shuffled"]["gap"]["value"] for u, r in subs.items()}
     col = pool(root)["comparisons"]["rm:shuffled"]["gap"]
@@ -113,6 +135,8 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
     if part_b is not None:
         e, pw = rows(part_b, by_u, " (part B, against rm there)", bar)
         effects, power = effects + e, power + pw
+    if slow is not None:
+        effects.append(step_row(subs, sub_runs(slow), by_u))
     print("| arm − rm | Δ gap [95% CI, t over upstream] | range of readings | MDE | share of the collapse recovered "
           "| Δ gold pass@1 [95% CI] | rollouts / rm's | Δ pass@16 | Δ entropy | Δ top-phrasing share | Δ coverage "
           "per cluster | KL end (rm's) |")
