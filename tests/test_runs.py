@@ -24,6 +24,26 @@ def test_runs_go_side_by_side_only_on_cpu_in_one_process_each(monkeypatch):
     assert common.runs_at_once(1, 2, "cpu") == 1 and common.runs_at_once(1, 1, "cuda") == 1
 
 
+def test_a_stage_read_from_its_source_names_what_its_module_does():
+    """An install reads the stage's names from its source (speedrun.stage.stage_spec), not by importing it: the same
+    docstring, READS, PATHS and IDS as the module, for every stage."""
+    import importlib
+    from speedrun.cli import STAGES
+    from speedrun.stage import stage_spec
+    for name in STAGES:
+        mod, spec = importlib.import_module(f"stages.{name}"), stage_spec(REPO / "stages" / f"{name}.py")
+        assert (spec.__doc__, spec.READS, spec.PATHS, spec.IDS, spec.__name__) == (
+            mod.__doc__, mod.READS, mod.PATHS, getattr(mod, "IDS", None), mod.__name__), name
+
+
+def test_the_install_path_imports_no_torch():
+    """What an installing run's process imports (the CLI, the runner, the command line, params) leaves torch out: its
+    import is most of a second of every such stage."""
+    code = "import sys, speedrun.cli, speedrun.runs, speedrun.stage; print('torch' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert res.stdout.strip() == "False", res.stdout + res.stderr
+
+
 def test_the_run_list_is_the_tracks_arms_by_seeds():
     p = params.load(REPO / "params.yaml", ["task.run=[checker, density]", "task.seeds=[3, 1]"])
     assert runs.run_list(p, "task_grpo") == [("checker", 3), ("checker", 1), ("density", 3), ("density", 1)]

@@ -51,10 +51,11 @@ def invoke(name: str, argv: list[str]) -> None:
     root = str(stages_dir().parent)
     if root not in sys.path:
         sys.path.insert(0, root)
-    from speedrun.stage import run_stage
+    from speedrun.stage import run_stage, stage_spec
+    spec = stage_spec(stages_dir() / f"{name}.py")
+    if "seed" in (spec.IDS or {}):  # a GRPO run: beside its track's other stale runs (speedrun.runs)
+        return importlib.import_module("speedrun.runs").batch(name, argv, spec)
     mod = importlib.import_module(f"stages.{name}")
-    if "seed" in getattr(mod, "IDS", {}):  # a GRPO run: beside its track's other stale runs (speedrun.runs)
-        return importlib.import_module("speedrun.runs").batch(name, argv)
     run_stage(mod.main, mod.__doc__, mod.READS, mod.PATHS, getattr(mod, "IDS", None), argv=argv, name=name)
 
 

@@ -11,10 +11,12 @@ import sys
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = ("train", "val", "eval")  # the post-training split (data/docstrings.heldout_split), least held out first
 
@@ -103,12 +105,14 @@ def torch_save(path: str | Path, obj: Any) -> None:
     """Save tensors/plain containers atomically; load back with torch.load(weights_only=True)."""
     import io
 
+    import torch
     buf = io.BytesIO()  # via memory: the zip's record names would otherwise contain the temp name
     torch.save(obj, buf)
     write_bytes(path, buf.getvalue())
 
 
 def torch_load(path: str | Path, device: str = "cpu") -> Any:
+    import torch
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
@@ -170,6 +174,7 @@ def files_digest(*paths: str | Path) -> str:
 
 
 def seed_everything(seed: int) -> torch.Generator:
+    import torch
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -178,6 +183,7 @@ def seed_everything(seed: int) -> torch.Generator:
 
 def pick_device(device: str = "auto") -> str:
     if device == "auto":
+        import torch
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
 
@@ -197,6 +203,7 @@ def runs_at_once(run_threads: int, nproc: int, device: str) -> int:
 def set_run_threads(run_threads: int, nproc: int, device: str) -> None:
     """A GRPO run's CPU threads, fixed whether it runs by hand or beside others: fp32 sums depend on the count."""
     if run_threads and nproc == 1 and device == "cpu":
+        import torch
         torch.set_num_threads(run_threads)
 
 
@@ -219,6 +226,7 @@ def use_bf16(dtype: str, device: str) -> bool:
         raise ValueError(f"dtype must be auto, fp32 or bf16, not {dtype!r}")
     if dtype != "auto":
         return dtype == "bf16"
+    import torch
     if device.startswith("cuda"):
         return torch.cuda.is_bf16_supported()
     cpu = torch.cpu

@@ -44,7 +44,7 @@ def run_list(p: Params, stage: str) -> list[tuple[str, int]]:
     return [(name, seed) for name in section.run for seed in section.seeds]
 
 
-def default_io(mod: ModuleType, ids: dict[str, Any]) -> SimpleNamespace:
+def default_io(mod: ModuleType | SimpleNamespace, ids: dict[str, Any]) -> SimpleNamespace:
     """A run's files in the DVC layout."""
     return SimpleNamespace(**{k: Path(v.format(**ids)) if isinstance(v, str) else v for k, v in mod.PATHS.items()})
 
@@ -55,7 +55,7 @@ def dag_deps(stage: str) -> list[Path]:
     return [Path(d) for d in spec.get("deps", []) if "${" not in d]
 
 
-def run_key(mod: ModuleType, p: Params, ids: dict[str, Any], io: SimpleNamespace) -> str:
+def run_key(mod: ModuleType | SimpleNamespace, p: Params, ids: dict[str, Any], io: SimpleNamespace) -> str:
     """What DVC reruns a run for: its params (the stage's StageView), its ids and its deps (dvc.yaml's; else the
     run's input files and the code)."""
     deps = dag_deps(mod.__name__.rsplit(".", 1)[-1]) or [
@@ -143,27 +143,31 @@ def _passthrough(argv: list[str]) -> tuple[list[str], Path | None]:
     return sets, params
 
 
-def batch(stage: str, argv: list[str]) -> None:
+def batch(stage: str, argv: list[str], spec: SimpleNamespace) -> None:
     """`speedrun grpo|task_grpo --<id> NAME --seed S`: this run from scratch if a batch trained it, else trained now,
-    beside the track's other certainly stale runs."""
-    mod = importlib.import_module(f"stages.{stage}")
+    beside the track's other certainly stale runs. `spec`: the stage module's names (speedrun.stage.stage_spec), so
+    that installing a result imports neither the stage nor torch (a second, not three); training imports it."""
     id_name = TRACKS[stage][1]
+    train = lambda *a, **k: importlib.import_module(f"stages.{stage}").main(*a, **k)  # noqa: E731
 
     def main(view, io, **ids) -> None:
         sets, params_path = _passthrough(argv)
         p = params_lib.load(params_path, sets[1::2])
-        width = runs_at_once(p.compute.run_threads, p.compute.nproc, pick_device(p.compute.device))
-        if width == 1 or vars(io) != vars(default_io(mod, ids)):  # in turn, or files of the user's own: alone
-            return mod.main(view, io, **ids)
         own = f"{ids[id_name]}_s{ids['seed']}"
-        runs = {own: (ids, io)} | {f"{n}_s{s}": ({id_name: n, "seed": s}, default_io(mod, {id_name: n, "seed": s}))
+        runs = {own: (ids, io)} | {f"{n}_s{s}": ({id_name: n, "seed": s}, default_io(spec, {id_name: n, "seed": s}))
                                    for n, s in run_list(p, stage)}
-        keys = {run: run_key(mod, p, i, o) for run, (i, o) in runs.items()}
-        root = SCRATCH / stage
+        root, mine = SCRATCH / stage, vars(io) == vars(default_io(spec, ids))
+        keys = {run: run_key(spec, p, i, o) for run, (i, o) in runs.items()} if mine else {}
+        if mine and (root / keys[own] / "done").is_file():  # a batch trained it: no need to know the device
+            print(f"{stage}: {own} was trained beside an earlier run of the track; installing it", flush=True)
+            return install(keys[own], root / keys[own], io)
+        width = runs_at_once(p.compute.run_threads, p.compute.nproc, pick_device(p.compute.device))
+        if width == 1 or not mine:  # in turn, or files of the user's own: alone
+            return train(view, io, **ids)
         pending = [run for run, (i, o) in runs.items() if not (root / keys[run] / "done").is_file()
                    and (run == own or certainly_stale(keys[run], o))]
         if pending == [own]:  # alone: in this process, as by hand (a second process would only cost its start-up)
-            mod.main(view, io, **ids)
+            train(view, io, **ids)
             write_json(io.metrics, {**read_json(io.metrics), "run_key": keys[own]})
             return
         jobs = []
@@ -175,15 +179,12 @@ def batch(stage: str, argv: list[str]) -> None:
                    *sets, *(["--params", str(params_path)] if params_path else []),
                    "--out-dir", str(entry / "out"), "--metrics", str(entry / "metrics.json")]
             jobs.append((run, cmd, entry))
-        if jobs:
-            print(f"{stage}: training {', '.join(r for r, *_ in jobs)} on cpu, {min(width, len(jobs))} at a time, "
-                  f"{p.compute.run_threads} thread(s) each; each result waits in {root}/<key> for its own stage",
-                  flush=True)
-            with tempfile.TemporaryDirectory(prefix=f"{stage}_runs_") as tmp:
-                run_all(stage, jobs, width, Path(tmp))
-        else:
-            print(f"{stage}: {own} was trained beside an earlier run of the track; installing it", flush=True)
+        print(f"{stage}: training {', '.join(r for r, *_ in jobs)} on cpu, {min(width, len(jobs))} at a time, "
+              f"{p.compute.run_threads} thread(s) each; each result waits in {root}/<key> for its own stage",
+              flush=True)
+        with tempfile.TemporaryDirectory(prefix=f"{stage}_runs_") as tmp:
+            run_all(stage, jobs, width, Path(tmp))
         install(keys[own], root / keys[own], io)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{stage}: terminated"))  # so its runs are stopped too
-    run_stage(main, mod.__doc__, mod.READS, mod.PATHS, mod.IDS, argv=argv, name=stage)
+    run_stage(main, spec.__doc__, spec.READS, spec.PATHS, spec.IDS, argv=argv, name=stage)

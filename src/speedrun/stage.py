@@ -6,6 +6,7 @@ from its ids) and PATHS (its files, defaulting to the DVC layout). Run by hand w
 its help and value. Every key is checked before any work (speedrun.params)."""
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import shutil
@@ -34,6 +35,18 @@ def check_ids(run_ids: dict[str, Any], p: Params) -> None:
                      f"output path)")
         if name in ID_SECTIONS and str(value) not in (known := params_lib.value_at(p, ID_SECTIONS[name])):
             sys.exit(f"error: --{name} {params_lib.cut(value)!r}: not one of {ID_SECTIONS[name]} ({', '.join(known)})")
+
+
+def stage_spec(path: Path) -> SimpleNamespace:
+    """A stage module's docstring, READS, PATHS and IDS read from its source, not run: what a stage that only installs
+    a result needs, without the imports (torch) of its training code."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    names = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+             if isinstance(t, ast.Name) and t.id in ("READS", "PATHS", "IDS")}
+    ids = {ast.literal_eval(k): {"str": str, "int": int}[v.id] for k, v in zip(names["IDS"].keys, names["IDS"].values)
+           } if "IDS" in names else None
+    return SimpleNamespace(__name__=f"stages.{path.stem}", __file__=str(path), __doc__=ast.get_docstring(tree, False),
+                           READS=ast.literal_eval(names["READS"]), PATHS=ast.literal_eval(names["PATHS"]), IDS=ids)
 
 
 def reads_for(reads: tuple[str, ...], ids: dict[str, Any]) -> list[str]:
