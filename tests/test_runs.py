@@ -117,19 +117,25 @@ def test_no_run_outlives_a_failed_one(monkeypatch, tmp_path):
     """One run fails while another is still going: the stage stops it before exiting."""
     started = []
     real_start = runs.start
-    monkeypatch.setattr(runs, "start", lambda cmd, log: started.append(real_start(cmd, log)) or started[-1])
+    monkeypatch.setattr(runs, "start", lambda cmd, log, main=None: started.append(real_start(cmd, log)) or started[-1])
     with pytest.raises(SystemExit, match="run bad_s1 failed \\(exit 3\\)"):
         runs.run_all("task_grpo", [sleeper(tmp_path, "slow_s1", 60), sleeper(tmp_path, "bad_s1", 0, 3)], 2, tmp_path)
     assert len(started) == 2 and started[0].poll() is not None  # the slow run was killed, not left running
     assert not (tmp_path / "slow_s1" / "done").exists()
 
 
+FORKED_MAIN = "def main(argv):\n    import time; time.sleep(120)\n"  # a forked run's stage: sleeps
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_runner_killed_by_sigkill_leaves_no_run_alive(tmp_path):
-    """SIGKILL (as an out-of-memory kill) runs no clean-up in the runner: its runs die all the same."""
-    code = ("import sys, pathlib; from speedrun import runs; "
+@pytest.mark.parametrize("forked", [False, True], ids=["started", "forked"])
+def test_a_runner_killed_by_sigkill_leaves_no_run_alive(tmp_path, forked):
+    """SIGKILL (as an out-of-memory kill) runs no clean-up in the runner: its runs die all the same, whether each
+    started afresh or forked from the runner (how a GRPO batch starts its runs)."""
+    code = ("import sys, pathlib; from speedrun import runs\n" + FORKED_MAIN +
             "jobs = [(f'r{i}_s1', [sys.executable, '-c', 'import time; time.sleep(120)'], pathlib.Path(sys.argv[1]))"
-            " for i in range(2)]; runs.run_all('grpo', jobs, 2, pathlib.Path(sys.argv[1]))")
+            " for i in range(2)]\n"
+            f"runs.run_all('grpo', jobs, 2, pathlib.Path(sys.argv[1]), {'main' if forked else None})")
     runner = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env={**os.environ,
                               "PYTHONPATH": str(REPO / "src")})
     children = []
@@ -154,3 +160,23 @@ def alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"  # a zombie has exited; its parent (init) reaps it
     except (FileNotFoundError, IndexError):
         return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked runs are Linux's")
+def test_a_forked_run_reports_as_a_started_one(tmp_path):
+    """A forked run (the stage's command line called in a fork of the runner) prints into its own log, which the
+    runner shows; its SystemExit message and code stop the stage, naming it, as a started run's would."""
+    code = ("import sys, pathlib; from speedrun import runs\n"
+            "def main(argv):\n"
+            "    print('run argv', argv)\n"
+            "    if 'bad' in argv: sys.exit('bad settings: the run stops')\n"
+            "root = pathlib.Path(sys.argv[1])\n"
+            "jobs = [(n, [sys.executable, '-m', 'stages.grpo', n], root / n) for n in ('ok_s1', 'bad')]\n"
+            "[j[2].mkdir() for j in jobs]\n"
+            "runs.run_all('grpo', jobs, 1, root, main)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert res.returncode == 1 and "grpo: run bad failed (exit 1)" in res.stderr, res.stdout + res.stderr
+    assert "--- [1/2] ok_s1" in res.stdout and "run argv ['ok_s1']" in res.stdout  # the ok run's log, once
+    assert res.stdout.count("run argv") == 2 and "bad settings: the run stops" in res.stdout
+    assert (tmp_path / "ok_s1" / "done").exists() and not (tmp_path / "bad" / "done").exists()
