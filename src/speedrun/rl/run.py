@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from speedrun.tokenizer import Tokenizer
 from speedrun.train import distributed
 from speedrun.train.checkpoint import context_length
 from speedrun.train.distributed import Dist
+
+if TYPE_CHECKING:
+    from speedrun.rl.selection import Gate
 
 
 def start_run(p, io: SimpleNamespace, t: GRPOConfig, key: str, module: str, seed: int,
@@ -41,7 +45,7 @@ class PromptDraws:
     """The draw function of grpo_train: each step's prompts from the sampling weights, counted per prompt; with a
     gate (speedrun.rl.selection.Gate), from those weights on the items it leaves open."""
 
-    def __init__(self, weights: torch.Tensor, per_step: int, gate=None):
+    def __init__(self, weights: torch.Tensor, per_step: int, gate: Gate | None = None):
         self.weights, self.per_step, self.gate = weights, per_step, gate
         self.counts = torch.zeros(len(weights), dtype=torch.long)
         self.step_idx = torch.zeros(0, dtype=torch.long)  # the prompts of the draw being scored

@@ -57,23 +57,28 @@ class Gate:
         return torch.ones(len(idx), dtype=torch.bool)
 
 
-def selector(sampling: str, group_size: int, band: list[float], threshold: float, gate: Gate | None):
-    """The trainer's select function of an arm (None: every draw trains as drawn), and the counts of its groups:
-    kept, the groups trained, and seen, every group generated."""
-    if sampling not in SELECTING:
-        return None
-    counts = {"seen": 0, "kept": 0}
+class Selector:
+    """The trainer's select function of a selecting arm, and the counts of its groups: seen (every group generated)
+    and kept (the groups trained)."""
 
-    def select(idx: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
-        if sampling == "filter":
-            keep = keep_spread(rewards, group_size)
-        elif sampling == "band":
-            keep = keep_band(rewards, group_size, band, threshold)
+    def __init__(self, sampling: str, group_size: int, band: list[float], threshold: float, gate: Gate | None):
+        self.sampling, self.group_size, self.band, self.gate = sampling, group_size, band, gate
+        self.threshold = threshold
+        self.counts = {"seen": 0, "kept": 0}
+
+    def __call__(self, idx: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        if self.sampling == "filter":
+            keep = keep_spread(rewards, self.group_size)
+        elif self.sampling == "band":
+            keep = keep_band(rewards, self.group_size, self.band, self.threshold)
         else:
-            keep = gate.observe(idx, rewards, group_size)
-        counts["seen"] += len(idx)
-        counts["kept"] += int(keep.sum())
+            keep = self.gate.observe(idx, rewards, self.group_size)
+        self.counts["seen"] += len(idx)
+        self.counts["kept"] += int(keep.sum())
         return keep
 
-    select.counts = counts
-    return select
+
+def selector(sampling: str, group_size: int, band: list[float], threshold: float, gate: Gate | None
+             ) -> Selector | None:
+    """The select function of an arm: None (every draw trains as drawn) unless its sampling reads rewards."""
+    return Selector(sampling, group_size, band, threshold, gate) if sampling in SELECTING else None

@@ -94,7 +94,7 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             t_sample = time.perf_counter() - t0
             adv_all = passk_advantages(rewards, G, cfg.pass_k, cfg.adv_scale) if cfg.advantage == "passk" else \
                 group_advantages(rewards, G, scale=cfg.adv_scale)
-            adv = adv_all[rows].to(device) if len(idx) else adv_all.to(device)
+            adv = adv_all[rows].to(device)
             loss_mask, per_row, n_loss = masks(s, stop_id, cfg, d)
             if not trains:  # the selection kept no group: the step samples, counts and trains nothing
                 loss_mask, n_loss = loss_mask * 0, 0.0
