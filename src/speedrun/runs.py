@@ -80,14 +80,14 @@ def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the r
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def start(cmd: list[str], log, main: Callable[[list[str]], None] | None = None) -> "subprocess.Popen | Forked":
+def start(cmd: list[str], log, main: Callable[[list[str]], None] | None = None) -> subprocess.Popen | Forked:
     """A run as a child the runner owns: in its process group, killed if the runner dies (Linux). With `main` (a
     stage's command line in this process, on Linux) the child is a fork of the runner that calls main(cmd[3:])
     instead of starting `python -m stages.<stage>` afresh: it skips the interpreter's start and the imports (torch,
     the stage's code; about 2.5 s a run), already done here."""
-    if main is not None and sys.platform.startswith("linux"):
-        return Forked(main, cmd[3:], log)
     linux = sys.platform.startswith("linux")
+    if main is not None and linux:
+        return Forked(main, cmd[3:], log)
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent if linux else None)
 
 
