@@ -3,10 +3,13 @@ read from an experiment of sft_<seed>/ sub-runs (speedrun.eval.upstream pools th
 each arm recovers, its gold pass@1, the rollouts it spent, its secondaries (pass@16, answer entropy, top-phrasing
 share), how far it moved from the task SFT model (KL at the end of training, beside rm's: an arm that optimises the
 proxy less may lose less for that reason alone) and the upstream models a design needs for an MDE of 30% of the
-collapse.
+collapse. First the plan's manipulation checks, then, for an experiment that is a member of a declared family
+(reports/experiments/families.yaml), the plan's calls (Holm over the family's members; a pilot gets none).
 
     python analysis/task_selection.py reports/experiments/task-selection-rm-pilot \
         --part-b reports/experiments/task-selection-rm-pilot/clip
+    python analysis/task_selection.py reports/experiments/task-selection-rm \
+        --slow reports/experiments/task-selection-rm/slow
 
 The collapse is `rm:shuffled`'s Δ gap in the first experiment (the regime where the shuffled control ran); a part B
 arm's recovery is read against the same upstream model's collapse from it, though part B trains at another
@@ -21,12 +24,17 @@ import numpy as np
 import torch
 import typer
 
+import yaml
+
 from speedrun import kept
-from speedrun.eval.stats import t_ppf
+from speedrun.eval.stats import ALPHA, holm, non_inferiority, t_ppf
 from speedrun.eval.upstream import READINGS, cluster_interval, pool
 from speedrun.typer_app import new_app, run_app
 
 SECONDARY = ("pass@1", "coverage", "pass@16", "entropy", "top_phrasing_share")
+FAMILIES = Path("reports/experiments/families.yaml")
+PAID = ("rm", "rm_passk", "rm_density")  # arms whose RM reward must rise (the plan's first manipulation check)
+KL_FACTOR = 1.5  # part B's rm matches rm_passk's step when their pooled end KL lie within this factor
 app = new_app()
 
 
@@ -95,6 +103,87 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], label: str, bar: fl
     return out, power
 
 
+def checks(subs: dict[str, dict], slow: dict[str, dict] | None) -> tuple[list[str], bool]:
+    """The plan's manipulation checks, read before any outcome: the RM's reward rises in every run of the arms it pays,
+    each task SFT model reads the trained clusters (reported, kept either way), rm_band trains fewer groups than it
+    generates, part B's rm moves as far as rm_passk (pooled end KL within KL_FACTOR) and rm_density moves the draws
+    (the report's check, on every upstream model, or its row is not read; returned)."""
+    lines = []
+    for arm in PAID:
+        runs = [(u, a, b) for u, r in subs.items() if arm in r["training"]
+                for a, b in zip(r["training"][arm]["reward_start"], r["training"][arm]["reward_end"])]
+        fell = sorted({u for u, a, b in runs if not b > a})
+        lines.append(f"- {arm}: the RM's reward rose in {sum(b > a for _, a, b in runs)} of {len(runs)} runs"
+                     + (f" (not in every run of {', '.join(fell)})" if fell else ""))
+    unread = {u: [c for c in r["blind"]["trained"] if not r["blind"]["sft"][c]["reads_prompt"]]
+              for u, r in subs.items()}
+    unread = {u: c for u, c in unread.items() if c}
+    lines.append(f"- task SFT models reading every trained cluster: {len(subs) - len(unread)} of {len(subs)}"
+                 + ("; not: " + "; ".join(f"{u} {', '.join(c)}" for u, c in unread.items()) + " (kept)"
+                    if unread else ""))
+    band = [(u, n * r["training"]["rm"]["rollouts"][i] / r["training"]["rm"]["groups_trained"][i], x)
+            for u, r in subs.items() if "rm_band" in r["training"]
+            for i, (n, x) in enumerate(zip(r["training"]["rm_band"]["groups_trained"],
+                                            r["training"]["rm_band"]["rollouts"]))]
+    if band:
+        lines.append(f"- rm_band trained fewer rollouts than it generated in {sum(t < x for _, t, x in band)} of "
+                     f"{len(band)} runs (trained {np.mean([t / x for _, t, x in band]):.0%} of them on average)")
+    dens = [r["manipulation"]["rm_density"] for r in subs.values() if "rm_density" in r.get("manipulation", {})]
+    density_read = bool(dens) and all(m["passed"] for m in dens)
+    if dens:
+        lines.append(f"- rm_density's check (weights TV ≥ 0.3, draws between arms > 2x between seeds) passed on "
+                     f"{sum(bool(m['passed']) for m in dens)} of {len(dens)} upstream models (weights TV "
+                     f"{min(m['weights_tv'] for m in dens):.3f}–{max(m['weights_tv'] for m in dens):.3f}): its row is "
+                     + ("read" if density_read else "**not read**"))
+    if slow:
+        ups = [u for u in subs if u in slow]
+        fast_kl = np.mean([np.mean(subs[u]["training"]["rm_passk"]["kl_end"]) for u in ups])
+        slow_kl = np.mean([np.mean(slow[u]["training"]["rm"]["kl_end"]) for u in ups])
+        matched = 1 / KL_FACTOR <= slow_kl / fast_kl <= KL_FACTOR
+        lines.append(f"- part B's rm (the smaller step) ends at KL {slow_kl:.2f}, rm_passk at {fast_kl:.2f} "
+                     f"(pooled over {len(ups)} upstream models): the step comparison is "
+                     f"{'matched' if matched else '**not matched**'} (within a factor {KL_FACTOR:g})")
+    return lines, density_read
+
+
+def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
+    """The plan's readings: the collapse rm:shuffled must be called below 0; each family member (families.yaml) is
+    called by Holm over the family's members at ALPHA; a call above 0 reduces the collapse when its MDE is at most 30%
+    of the collapse measured here; the design counts only if the positive control (rm_passk:rm) is called above 0;
+    gold pass@1 is non-inferior within half of shuffled's pass@1 lead over rm."""
+    members = [m["comparison"] for fam in yaml.safe_load(FAMILIES.read_text()).values() for m in fam["members"]
+               if m["experiment"] == root.name]
+    if not members:
+        return [f"- {root.name} is a member of no family in {FAMILIES}: no call (a pilot)"]
+    col = pooled["comparisons"]["rm:shuffled"]
+    collapse, lead = -col["gap"]["value"], -col["pass@1"]["value"]
+    lines = [f"- the collapse rm − shuffled: {col['gap']['value']:+.3f} [{col['gap']['ci_low']:+.3f}, "
+             f"{col['gap']['ci_high']:+.3f}]: " + ("called below 0 (the substrate holds)" if col["gap"]["ci_high"] < 0
+                                                   else "**not called below 0: no reduction is read**")]
+    adjusted = holm({m: pooled["comparisons"][m]["gap"]["p"] for m in members})
+    up = {m: adjusted[m] <= ALPHA and pooled["comparisons"][m]["gap"]["value"] > 0 for m in members}
+    substrate, positive = col["gap"]["ci_high"] < 0, up.get("rm_passk:rm", False)
+    for m in members:
+        g, p1 = pooled["comparisons"][m]["gap"], pooled["comparisons"][m]["pass@1"]
+        verdict = ("reduces the collapse" if up[m] and g["mde"] <= 0.3 * collapse else
+                   "a reduction, not measured to the plan's MDE" if up[m] else
+                   "called below 0: adds to the collapse" if adjusted[m] <= ALPHA else
+                   f"no reduction as large as the MDE {g['mde']:.2f} ({g['mde'] / collapse:.0%} of the collapse)"
+                   if positive or m == "rm_passk:rm" else "no call, and not read as a null (no positive control)")
+        if m == "rm_density:rm" and not density_read:
+            verdict = "not read (its manipulation check failed)"
+        elif not substrate:
+            verdict = f"not read (no collapse to reduce): {verdict}"
+        lines.append(f"- {m}: Δ gap {g['value']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}], p {g['p']:.4f}, Holm "
+                     f"{adjusted[m]:.4f}, MDE {g['mde']:.3f} ({g['mde'] / collapse:.0%} of the collapse): {verdict}; "
+                     f"gold pass@1 {p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}], "
+                     f"{non_inferiority(p1['ci_low'], p1['ci_high'], max(lead / 2, 0.0))} at margin "
+                     f"{max(lead / 2, 0):.3f}")
+    lines.append("- the positive control (rm_passk:rm) is " + ("called: the design counts" if positive else
+                 "**not called: the design does not count, and no null of the other arms is read**"))
+    return lines
+
+
 def step_row(fast: dict[str, dict], slow: dict[str, dict], collapse_by_upstream: dict[str, float]) -> str:
     """rm_passk of the first experiment against rm of `slow` (a smaller step), per upstream model the difference of
     their gaps below the envelope, and their KL at the end: does pass@k keep more than a step that moves as far?"""
@@ -127,10 +216,14 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
                             ] = None) -> None:
     subs = sub_runs(root)
     by_u = {u: -r["comparisons"]["rm:shuffled"]["gap"]["value"] for u, r in subs.items()}
-    col = pool(root)["comparisons"]["rm:shuffled"]["gap"]
+    pooled = pool(root)
+    col = pooled["comparisons"]["rm:shuffled"]["gap"]
     print(f"{root.name}: {len(subs)} upstream models ({', '.join(subs)}); the collapse rm − shuffled, Δ gap "
           f"{col['value']:+.3f} [{col['ci_low']:+.3f}, {col['ci_high']:+.3f}] "
           f"(per upstream {', '.join(f'{-v:+.2f}' for v in by_u.values())})\n")
+    found, density_read = checks(subs, sub_runs(slow) if slow is not None else None)
+    print("Manipulation checks (read first):\n\n" + "\n".join(found) + "\n")
+    print("Calls (the plan's readings):\n\n" + "\n".join(calls(root, pooled, density_read)) + "\n")
     effects, power = rows(root, by_u, "", bar)
     if part_b is not None:
         e, pw = rows(part_b, by_u, " (part B, against rm there)", bar)
