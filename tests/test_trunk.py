@@ -57,9 +57,19 @@ def test_freeze_trunk_freezes_the_embedding_and_bottom_blocks_and_refuses_all_of
     for bad in (3, 4):
         with pytest.raises(ValueError, match=f"task.sft.frozen_blocks={bad}: the model has 3 blocks"):
             freeze_trunk(random_model("gpt"), bad, "task.sft.frozen_blocks")
-    other = random_model("gpt", seed=1)
-    with pytest.raises(ValueError, match="cannot be shared"):
-        require_shared_trunk(random_model("gpt"), other, 1)
+    policy, same, other = random_model("gpt"), random_model("gpt"), random_model("gpt", seed=1)
+    freeze_trunk(policy, 1)
+    with torch.no_grad():
+        policy.blocks[2].mlp.c_fc.weight.add_(1.0)  # a trained block may differ from the reference
+    require_shared_trunk(policy, same, 1)
+    with pytest.raises(ValueError, match="frozen wte.weight differs"):
+        require_shared_trunk(policy, other, 1)
+    with torch.no_grad():
+        same.blocks[1].mlp.c_fc.weight.add_(1.0)  # a trunk block may not
+    require_shared_trunk(policy, same, 1)  # block 1 is not in a one-block trunk
+    freeze_trunk(policy, 2)
+    with pytest.raises(ValueError, match="frozen blocks.1.mlp.c_fc.weight differs"):
+        require_shared_trunk(policy, same, 2)
 
 
 def grpo(frozen: int, by_hand: int = 0, steps: int = 3):

@@ -1,4 +1,6 @@
-"""Small shared helpers: stable hashing, atomic artifact writes, seeding, device choice."""
+"""Small shared helpers: stable hashing, atomic artifact writes, seeding, device choice. torch is imported inside the
+functions that use it: the CLI, the stage runner and the stages' install steps import this module without paying for
+torch (tests/test_runs.py checks that they do not import it)."""
 from __future__ import annotations
 
 import ctypes

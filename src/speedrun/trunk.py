@@ -17,26 +17,36 @@ from speedrun.engine import PrefixCache, left_pad, real_width
 from speedrun.shapes import round_up, width_step
 
 
+def trunk_weights(model: nn.Module, blocks: int) -> dict[str, Tensor]:
+    """The weights of a frozen trunk of `blocks` blocks, by name: the token embedding (a tied head is it) and the first
+    `blocks` blocks (none for 0)."""
+    if blocks == 0:
+        return {}
+    depth = len(model.blocks)
+    if not 0 < blocks < depth:
+        raise ValueError(f"the model has {depth} blocks, so 0 (train all) to {depth - 1} (train the last one) can be "
+                         f"frozen, not {blocks}")
+    prefixes = ("wte.", *(f"blocks.{i}." for i in range(blocks)))
+    return {n: w for n, w in model.named_parameters() if n.startswith(prefixes)}
+
+
 def freeze_trunk(model: nn.Module, blocks: int, key: str = "frozen_blocks") -> None:
     """Freeze the token embedding (a tied head with it) and the first `blocks` blocks (0: nothing frozen)."""
-    depth = len(model.blocks)
-    if blocks == 0:
-        return
-    if not 0 < blocks < depth:
-        raise ValueError(f"{key}={blocks}: the model has {depth} blocks, so 0 (train all) to {depth - 1} (train the "
-                         "last one) can be frozen")
-    model.wte.requires_grad_(False)
-    for block in model.blocks[:blocks]:
-        block.requires_grad_(False)
+    try:
+        weights = trunk_weights(model, blocks)
+    except ValueError as e:
+        raise ValueError(f"{key}={blocks}: {e}") from None
+    for w in weights.values():
+        w.requires_grad_(False)
 
 
 def require_shared_trunk(policy: nn.Module, ref: nn.Module, blocks: int) -> None:
     """Refuse to share activations between two models whose frozen trunks differ (the reference must be the
     policy's starting point)."""
-    for name, a in policy.state_dict().items():
-        if name.startswith("wte.") or any(name.startswith(f"blocks.{i}.") for i in range(blocks)):
-            if not torch.equal(a, ref.state_dict()[name]):
-                raise ValueError(f"the policy's frozen {name} differs from its reference's: the trunk cannot be shared")
+    ref_weights = ref.state_dict()
+    for name, w in trunk_weights(policy, blocks).items():
+        if not torch.equal(w, ref_weights[name]):
+            raise ValueError(f"the policy's frozen {name} differs from its reference's: the trunk cannot be shared")
 
 
 @dataclass
