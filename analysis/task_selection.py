@@ -73,8 +73,8 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], label: str, bar: fl
         if control != "rm":
             continue
         g, p1 = c["gap"], c.get("pass@1", {})
-        share = cluster_interval([subs[u]["comparisons"][comp]["gap"]["value"] / collapse_by_upstream[u]
-                                  for u in subs]) if all(u in collapse_by_upstream for u in subs) else None
+        share = _share([subs[u]["comparisons"][comp]["gap"]["value"] for u in subs],
+                       [collapse_by_upstream[u] for u in subs]) if all(u in collapse_by_upstream for u in subs) else "-"
         spent = [np.mean([x for x in subs[u]["training"][a]["rollouts"] if x is not None] or [np.nan])
                  for a in (arm, "rm") for u in subs]
         kl = [np.mean(subs[u]["training"][a]["kl_end"]) for a in (arm, "rm") for u in subs]  # how far it moved
@@ -86,8 +86,7 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], label: str, bar: fl
         n = len(subs)
         out.append(f"| {arm}{label} | {g['value']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] | "
                    f"{c['range']['low']:+.3f} to {c['range']['high']:+.3f} | {g['mde']:.2f} | "
-                   + (f"{share['value']:+.2f} [{share['ci_low']:+.2f}, {share['ci_high']:+.2f}]" if share else "-")
-                   + f" | {p1.get('value', float('nan')):+.3f} [{p1.get('ci_low', float('nan')):+.3f}, "
+                   + share + f" | {p1.get('value', float('nan')):+.3f} [{p1.get('ci_low', float('nan')):+.3f}, "
                    f"{p1.get('ci_high', float('nan')):+.3f}] | {np.nanmean(spent[:n]) / np.nanmean(spent[n:]):.2f} | "
                    f"{sec['pass@16']:+.3f} | {sec['entropy']:+.2f} | {sec['top_phrasing_share']:+.3f} | "
                    + ", ".join(f"{k} {v:+.2f}" for k, v in cov.items())
@@ -103,17 +102,22 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], label: str, bar: fl
     return out, power
 
 
+def _rises(runs: dict[str, dict], arm: str) -> list[tuple[str, bool]]:
+    """(upstream, the RM's reward rose) for every run of `arm` in sub-runs `runs`."""
+    return [(u, e > s) for u, r in runs.items() if arm in r["training"]
+            for s, e in zip(r["training"][arm]["reward_start"], r["training"][arm]["reward_end"])]
+
+
 def checks(subs: dict[str, dict], slow: dict[str, dict] | None) -> tuple[list[str], bool]:
-    """The plan's manipulation checks, read before any outcome: the RM's reward rises in every run of the arms it pays,
-    each task SFT model reads the trained clusters (reported, kept either way), rm_band trains fewer groups than it
-    generates, part B's rm moves as far as rm_passk (pooled end KL within KL_FACTOR) and rm_density moves the draws
-    (the report's check, on every upstream model, or its row is not read; returned)."""
+    """The plan's manipulation checks, read before any outcome: the RM's reward rises in every run of the arms it pays
+    (part B's rm too), each task SFT model reads the trained clusters (reported, kept either way), rm_band trains fewer
+    groups than it generates, part B's rm moves as far as rm_passk (pooled end KL within KL_FACTOR) and rm_density moves
+    the draws (the report's check, on every upstream model, or its row is not read; returned)."""
     lines = []
-    for arm in PAID:
-        runs = [(u, a, b) for u, r in subs.items() if arm in r["training"]
-                for a, b in zip(r["training"][arm]["reward_start"], r["training"][arm]["reward_end"])]
-        fell = sorted({u for u, a, b in runs if not b > a})
-        lines.append(f"- {arm}: the RM's reward rose in {sum(b > a for _, a, b in runs)} of {len(runs)} runs"
+    for arm, runs, label in [(a, subs, "") for a in PAID] + ([("rm", slow, " (part B)")] if slow else []):
+        rose = _rises(runs, arm)
+        fell = sorted({u for u, ok in rose if not ok})
+        lines.append(f"- {arm}{label}: the RM's reward rose in {sum(ok for _, ok in rose)} of {len(rose)} runs"
                      + (f" (not in every run of {', '.join(fell)})" if fell else ""))
     unread = {u: [c for c in r["blind"]["trained"] if not r["blind"]["sft"][c]["reads_prompt"]]
               for u, r in subs.items()}
@@ -128,79 +132,110 @@ def checks(subs: dict[str, dict], slow: dict[str, dict] | None) -> tuple[list[st
     if band:
         lines.append(f"- rm_band trained fewer rollouts than it generated in {sum(t < x for _, t, x in band)} of "
                      f"{len(band)} runs (trained {np.mean([t / x for _, t, x in band]):.0%} of them on average)")
-    dens = [r["manipulation"]["rm_density"] for r in subs.values() if "rm_density" in r.get("manipulation", {})]
-    density_read = bool(dens) and all(m["passed"] for m in dens)
+    dens = {u: r.get("manipulation", {}).get("rm_density") for u, r in subs.items()
+            if "rm_density" in r["training"]}
+    density_read = bool(dens) and all(m is not None and m.get("passed") is True for m in dens.values())
     if dens:
+        tv = [m["weights_tv"] for m in dens.values() if m and m.get("weights_tv") is not None]
         lines.append(f"- rm_density's check (weights TV ≥ 0.3, draws between arms > 2x between seeds) passed on "
-                     f"{sum(bool(m['passed']) for m in dens)} of {len(dens)} upstream models (weights TV "
-                     f"{min(m['weights_tv'] for m in dens):.3f}–{max(m['weights_tv'] for m in dens):.3f}): its row is "
+                     f"{sum(bool(m and m.get('passed') is True) for m in dens.values())} of {len(dens)} upstream "
+                     f"models" + (f" (weights TV {min(tv):.3f}–{max(tv):.3f})" if tv else "") + ": its row is "
                      + ("read" if density_read else "**not read**"))
     if slow:
-        ups = [u for u in subs if u in slow]
-        fast_kl = np.mean([np.mean(subs[u]["training"]["rm_passk"]["kl_end"]) for u in ups])
-        slow_kl = np.mean([np.mean(slow[u]["training"]["rm"]["kl_end"]) for u in ups])
-        matched = 1 / KL_FACTOR <= slow_kl / fast_kl <= KL_FACTOR
-        lines.append(f"- part B's rm (the smaller step) ends at KL {slow_kl:.2f}, rm_passk at {fast_kl:.2f} "
-                     f"(pooled over {len(ups)} upstream models): the step comparison is "
-                     f"{'matched' if matched else '**not matched**'} (within a factor {KL_FACTOR:g})")
+        kl = step_kl(subs, slow)
+        lines.append(f"- part B's rm (the smaller step) ends at KL {kl['slow']:.2f}, rm_passk at {kl['fast']:.2f} "
+                     f"(pooled over {len(kl['per_upstream'])} upstream models; per model rm_passk/rm: "
+                     + ", ".join(f"{u[4:]} {f:.2f}/{s:.2f}" for u, (f, s) in kl["per_upstream"].items())
+                     + f"): the step comparison is {'matched' if kl['matched'] else '**not matched**'} "
+                     f"(within a factor {KL_FACTOR:g})")
     return lines, density_read
+
+
+def step_kl(fast: dict[str, dict], slow: dict[str, dict]) -> dict:
+    """Part A's rm_passk and part B's rm: each upstream model's mean end KL, their pooled means, and whether those
+    lie within KL_FACTOR of each other (the plan's check that the smaller step moves the model as far)."""
+    per = {u: (float(np.mean(fast[u]["training"]["rm_passk"]["kl_end"])),
+               float(np.mean(slow[u]["training"]["rm"]["kl_end"]))) for u in fast if u in slow}
+    f, s = np.mean([v[0] for v in per.values()]), np.mean([v[1] for v in per.values()])
+    return {"per_upstream": per, "fast": f, "slow": s, "matched": bool(1 / KL_FACTOR <= s / f <= KL_FACTOR)}
+
+
+def holm_mde(g: dict, m: int, power: float = 0.8) -> float:
+    """The MDE at Holm's strictest level over m tests (two-sided alpha / m), from a pooled reading's SE and df."""
+    df = g["upstream"] - 1
+    return (t_ppf(1 - ALPHA / (2 * m), df) + t_ppf(power, df)) * g["se"]
 
 
 def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
     """The plan's readings: the collapse rm:shuffled must be called below 0; each family member (families.yaml) is
     called by Holm over the family's members at ALPHA; a call above 0 reduces the collapse when its MDE is at most 30%
     of the collapse measured here; the design counts only if the positive control (rm_passk:rm) is called above 0;
-    gold pass@1 is non-inferior within half of shuffled's pass@1 lead over rm."""
+    gold pass@1 is non-inferior within half of shuffled's pass@1 lead over rm. A null is worded with the MDE at Holm's
+    strictest level (the plan's bar uses the unadjusted one, as its power figures did)."""
     members = [m["comparison"] for fam in yaml.safe_load(FAMILIES.read_text()).values() for m in fam["members"]
                if m["experiment"] == root.name]
     if not members:
         return [f"- {root.name} is a member of no family in {FAMILIES}: no call (a pilot)"]
+    if any(pooled["comparisons"][m]["primary"] != "gap" for m in members):
+        raise SystemExit(f"{root}: the plan's primary is the gap; a member's is not")
     col = pooled["comparisons"]["rm:shuffled"]
     collapse, lead = -col["gap"]["value"], -col["pass@1"]["value"]
+    substrate = col["gap"]["ci_high"] < 0
     lines = [f"- the collapse rm − shuffled: {col['gap']['value']:+.3f} [{col['gap']['ci_low']:+.3f}, "
-             f"{col['gap']['ci_high']:+.3f}]: " + ("called below 0 (the substrate holds)" if col["gap"]["ci_high"] < 0
+             f"{col['gap']['ci_high']:+.3f}]: " + ("called below 0 (the substrate holds)" if substrate
                                                    else "**not called below 0: no reduction is read**")]
     adjusted = holm({m: pooled["comparisons"][m]["gap"]["p"] for m in members})
     up = {m: adjusted[m] <= ALPHA and pooled["comparisons"][m]["gap"]["value"] > 0 for m in members}
-    substrate, positive = col["gap"]["ci_high"] < 0, up.get("rm_passk:rm", False)
+    positive = up.get("rm_passk:rm", False)
     for m in members:
         g, p1 = pooled["comparisons"][m]["gap"], pooled["comparisons"][m]["pass@1"]
+        strict = holm_mde(g, len(members))
         verdict = ("reduces the collapse" if up[m] and g["mde"] <= 0.3 * collapse else
                    "a reduction, not measured to the plan's MDE" if up[m] else
                    "called below 0: adds to the collapse" if adjusted[m] <= ALPHA else
-                   f"no reduction as large as the MDE {g['mde']:.2f} ({g['mde'] / collapse:.0%} of the collapse)"
-                   if positive or m == "rm_passk:rm" else "no call, and not read as a null (no positive control)")
+                   f"no reduction as large as {strict:.2f} ({strict / collapse:.0%} of the collapse) seen")
         if m == "rm_density:rm" and not density_read:
             verdict = "not read (its manipulation check failed)"
         elif not substrate:
             verdict = f"not read (no collapse to reduce): {verdict}"
+        elif not positive and m != "rm_passk:rm":
+            verdict = f"not read (the positive control is not called, so the design does not count): {verdict}"
         lines.append(f"- {m}: Δ gap {g['value']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}], p {g['p']:.4f}, Holm "
-                     f"{adjusted[m]:.4f}, MDE {g['mde']:.3f} ({g['mde'] / collapse:.0%} of the collapse): {verdict}; "
-                     f"gold pass@1 {p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}], "
-                     f"{non_inferiority(p1['ci_low'], p1['ci_high'], max(lead / 2, 0.0))} at margin "
-                     f"{max(lead / 2, 0):.3f}")
-    lines.append("- the positive control (rm_passk:rm) is " + ("called: the design counts" if positive else
-                 "**not called: the design does not count, and no null of the other arms is read**"))
+                     f"{adjusted[m]:.4f}, MDE {g['mde']:.3f} ({g['mde'] / collapse:.0%} of the collapse; at Holm's "
+                     f"level {strict:.3f}): {verdict}; gold pass@1 {p1['value']:+.3f} [{p1['ci_low']:+.3f}, "
+                     f"{p1['ci_high']:+.3f}], {non_inferiority(p1['ci_low'], p1['ci_high'], max(lead / 2, 0.0))} at "
+                     f"margin {max(lead / 2, 0):.3f}")
+    lines.append("- the positive control (rm_passk:rm) is " + (
+        "not read (no collapse)" if not substrate else "called: the design counts" if positive else
+        "**not called: the design does not count, and no null of the other arms is read**"))
+    lines.append("- each call is to be replicated on upstream seeds 47–66, GRPO seeds 1203 and 1204 (the plan's rule: "
+                 "same sign, interval covering half the first); not run by this script")
     return lines
+
+
+def _share(diffs: list[float], collapses: list[float]) -> str:
+    """The share of the collapse recovered: the mean of per-model ratios [t interval], and the ratio of the means (a
+    model with a small collapse of its own does not dominate it)."""
+    r = cluster_interval([d / c for d, c in zip(diffs, collapses)])
+    return f"{r['value']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] (of means {sum(diffs) / sum(collapses):+.2f})"
 
 
 def step_row(fast: dict[str, dict], slow: dict[str, dict], collapse_by_upstream: dict[str, float]) -> str:
     """rm_passk of the first experiment against rm of `slow` (a smaller step), per upstream model the difference of
     their gaps below the envelope, and their KL at the end: does pass@k keep more than a step that moves as far?"""
-    ups = [u for u in fast if u in slow]
-    d = cluster_interval([fast[u]["frontier_gap"]["rm_passk"]["gap"] - slow[u]["frontier_gap"]["rm"]["gap"]
-                          for u in ups])
-    share = cluster_interval([(fast[u]["frontier_gap"]["rm_passk"]["gap"] - slow[u]["frontier_gap"]["rm"]["gap"])
-                              / collapse_by_upstream[u] for u in ups])
+    kl = step_kl(fast, slow)
+    ups = list(kl["per_upstream"])
+    diffs = [fast[u]["frontier_gap"]["rm_passk"]["gap"] - slow[u]["frontier_gap"]["rm"]["gap"] for u in ups]
+    d = cluster_interval(diffs)
     p1 = cluster_interval([fast[u]["arms"]["rm_passk"]["mean"]["all"]["pass@1"] -
                            slow[u]["arms"]["rm"]["mean"]["all"]["pass@1"] for u in ups])
-    kl = (np.mean([np.mean(fast[u]["training"]["rm_passk"]["kl_end"]) for u in ups]),
-          np.mean([np.mean(slow[u]["training"]["rm"]["kl_end"]) for u in ups]))
-    return (f"| rm_passk − rm at the smaller step ({len(ups)} upstream models) | {d['value']:+.3f} "
-            f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | gap only | {d['mde']:.2f} | {share['value']:+.2f} "
-            f"[{share['ci_low']:+.2f}, {share['ci_high']:+.2f}] | {p1['value']:+.3f} [{p1['ci_low']:+.3f}, "
-            f"{p1['ci_high']:+.3f}] | 1.00 | | | "
-            f"| | {kl[0]:.2f} ({kl[1]:.2f}) |")
+    spent = [np.mean(r[u]["training"][a]["rollouts"]) for r, a in ((fast, "rm_passk"), (slow, "rm")) for u in ups]
+    n, matched = len(ups), "matched" if kl["matched"] else "not matched"
+    return (f"| rm_passk − rm at the smaller step ({n} upstream models; KL {matched}) | {d['value']:+.3f} "
+            f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | gap only | {d['mde']:.2f} | "
+            f"{_share(diffs, [collapse_by_upstream[u] for u in ups])} | {p1['value']:+.3f} [{p1['ci_low']:+.3f}, "
+            f"{p1['ci_high']:+.3f}] | {np.mean(spent[:n]) / np.mean(spent[n:]):.2f} | | | "
+            f"| | {kl['fast']:.2f} ({kl['slow']:.2f}) |")
 
 
 @app.command()
