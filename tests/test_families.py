@@ -38,6 +38,10 @@ def test_task_family_is_holm_corrected_across_experiments(tmp_path):
                                             + "    - {experiment: planned, comparison: 'density:checker'}\n")
     rows = [r for r in families.render(tmp_path).splitlines() if r.startswith("| [")]
     assert "planned, not run yet" in rows[4] and rows[0].split("|")[-2].strip() == "0.040 **called**"  # not counted
+    write_task(tmp_path / "planned", "sft_27", {"density:checker": 0.001})  # one upstream model kept, not pooled
+    rows = [r for r in families.render(tmp_path).splitlines() if r.startswith("| [")]
+    assert "running: 1 upstream models kept, not pooled or read yet" in rows[4]
+    assert rows[0].split("|")[-2].strip() == "0.040 **called**"  # a sub-run is not a member's result
 
 
 def test_chat_family_lists_each_experiments_own_call(tmp_path):

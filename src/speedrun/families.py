@@ -62,8 +62,10 @@ def task_rows(root: Path, members: list[dict]) -> list[str]:
     rows = ["| experiment | comparison | Δ coverage beyond the frontier (at equal pass@1 where marked) [95% CI] | "
             "MDE (of the collapse) | p | family Holm p |", "|---|---|---|---:|---:|---:|"]
     for (e, c), g in results.items():
-        if g is None:
-            rows.append(f"| [{e}]({e}) | {c} | planned, not run yet | | | |")
+        if g is None:  # a run over upstream models is pooled (and read) only when every one is in
+            subs = len(kept.glob(root / e, "sft_*/metrics/task.json"))
+            state = f"running: {subs} upstream models kept, not pooled or read yet" if subs else "planned, not run yet"
+            rows.append(f"| [{e}]({e}) | {c} | {state} | | | |")
             continue
         p = adjusted[f"{e}/{c}"]
         rows.append(f"| [{e}]({e}) | {c} | {'matched ' if g['matched'] else ''}"
