@@ -256,15 +256,16 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
     print(f"{root.name}: {len(subs)} upstream models ({', '.join(subs)}); the collapse rm − shuffled, Δ gap "
           f"{col['value']:+.3f} [{col['ci_low']:+.3f}, {col['ci_high']:+.3f}] "
           f"(per upstream {', '.join(f'{-v:+.2f}' for v in by_u.values())})\n")
-    found, density_read = checks(subs, sub_runs(slow) if slow is not None else None)
+    slow_subs = sub_runs(slow) if slow is not None else None
+    found, density_read = checks(subs, slow_subs)
     print("Manipulation checks (read first):\n\n" + "\n".join(found) + "\n")
     print("Calls (the plan's readings):\n\n" + "\n".join(calls(root, pooled, density_read)) + "\n")
     effects, power = rows(root, by_u, "", bar)
     if part_b is not None:
         e, pw = rows(part_b, by_u, " (part B, against rm there)", bar)
         effects, power = effects + e, power + pw
-    if slow is not None:
-        effects.append(step_row(subs, sub_runs(slow), by_u))
+    if slow_subs is not None:
+        effects.append(step_row(subs, slow_subs, by_u))
     print("| arm − rm | Δ gap [95% CI, t over upstream] | range of readings | MDE | share of the collapse recovered "
           "| Δ gold pass@1 [95% CI] | rollouts / rm's | Δ pass@16 | Δ entropy | Δ top-phrasing share | Δ coverage "
           "per cluster | KL end (rm's) |")
