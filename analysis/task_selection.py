@@ -10,6 +10,8 @@ collapse. First the plan's manipulation checks, then, for an experiment that is 
         --part-b reports/experiments/task-selection-rm-pilot/clip
     python analysis/task_selection.py reports/experiments/task-selection-rm \
         --slow reports/experiments/task-selection-rm/slow
+    python analysis/task_selection.py reports/experiments/task-selection-rm-replication \
+        --first reports/experiments/task-selection-rm
 
 The collapse is `rm:shuffled`'s Δ gap in the first experiment (the regime where the shuffled control ran); a part B
 arm's recovery is read against the same upstream model's collapse from it, though part B trains at another
@@ -27,7 +29,7 @@ import typer
 import yaml
 
 from speedrun import kept
-from speedrun.eval.stats import ALPHA, holm, non_inferiority, t_ppf
+from speedrun.eval.stats import ALPHA, holm, non_inferiority, replication, t_ppf
 from speedrun.eval.upstream import READINGS, cluster_interval, pool
 from speedrun.typer_app import new_app, run_app
 
@@ -209,7 +211,38 @@ def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
         "not read (no collapse)" if not substrate else "called: the design counts" if positive else
         "**not called: the design does not count, and no null of the other arms is read**"))
     lines.append("- each call is to be replicated on upstream seeds 47–66, GRPO seeds 1203 and 1204 (the plan's rule: "
-                 "same sign, interval covering half the first); not run by this script")
+                 "same sign, interval covering half the first): read with --first")
+    return lines
+
+
+def replications(root: Path, pooled: dict, first: Path, density_read: bool) -> list[str]:
+    """The first run's replication rule on this run (never pooled with it): each comparison the first run called (Holm
+    over its family's members) against this run's unadjusted interval (speedrun.eval.stats.replication); the collapse
+    must be called below 0 here for a reduction to be read, and rm_density's row needs its check on every model here."""
+    members = [m["comparison"] for fam in yaml.safe_load(FAMILIES.read_text()).values() for m in fam["members"]
+               if m["experiment"] == first.name]
+    if not members:
+        raise SystemExit(f"{first}: a member of no family in {FAMILIES}: it made no call to replicate")
+    before = pool(first)["comparisons"]
+    adjusted = holm({m: before[m]["gap"]["p"] for m in members})
+    col = pooled["comparisons"]["rm:shuffled"]["gap"]
+    substrate = col["ci_high"] < 0
+    lines = [f"- the collapse rm − shuffled here: {col['value']:+.3f} [{col['ci_low']:+.3f}, {col['ci_high']:+.3f}] "
+             f"(first {before['rm:shuffled']['gap']['value']:+.3f}): "
+             + ("called below 0 (the substrate holds)" if substrate else "**not called below 0: none is read**")]
+    for m in members:
+        f, g = before[m]["gap"], pooled["comparisons"][m]["gap"]
+        head = (f"- {m}: first {f['value']:+.3f} [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] (Holm {adjusted[m]:.4f}); "
+                f"here {g['value']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}], p {g['p']:.4f}, MDE {g['mde']:.3f}")
+        if adjusted[m] > ALPHA:
+            lines.append(f"{head}: no call to replicate")
+            continue
+        verdict = replication(f["value"], g["value"], g["ci_low"], g["ci_high"])
+        if m == "rm_density:rm" and not density_read:
+            verdict = f"not read (its manipulation check failed here): {verdict}"
+        elif not substrate:
+            verdict = f"not read (no collapse here to reduce): {verdict}"
+        lines.append(f"{head}; half the first {f['value'] / 2:+.3f}: **{verdict}**")
     return lines
 
 
@@ -248,7 +281,10 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
                            ] = 0.456,
             slow: Annotated[Optional[Path], typer.Option(help="an experiment on the same upstream and GRPO seeds with "
                                                              "rm at a smaller step: rm_passk is read against it")
-                            ] = None) -> None:
+                            ] = None,
+            first: Annotated[Optional[Path], typer.Option(help="the first run this experiment replicates: its calls "
+                                                              "are checked by the replication rule instead")
+                             ] = None) -> None:
     subs = sub_runs(root)
     by_u = {u: -r["comparisons"]["rm:shuffled"]["gap"]["value"] for u, r in subs.items()}
     pooled = pool(root)
@@ -259,7 +295,11 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
     slow_subs = sub_runs(slow) if slow is not None else None
     found, density_read = checks(subs, slow_subs)
     print("Manipulation checks (read first):\n\n" + "\n".join(found) + "\n")
-    print("Calls (the plan's readings):\n\n" + "\n".join(calls(root, pooled, density_read)) + "\n")
+    if first is not None:
+        print(f"Replication of {first.name}'s calls (its plan's rule):\n\n"
+              + "\n".join(replications(root, pooled, first, density_read)) + "\n")
+    else:
+        print("Calls (the plan's readings):\n\n" + "\n".join(calls(root, pooled, density_read)) + "\n")
     effects, power = rows(root, by_u, "", bar)
     if part_b is not None:
         e, pw = rows(part_b, by_u, " (part B, against rm there)", bar)

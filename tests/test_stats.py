@@ -28,6 +28,17 @@ def test_holm_step_down():
     assert stats.holm({}) == {}
 
 
+def test_replication_needs_the_sign_and_an_interval_covering_half_the_first():
+    assert stats.replication(0.674, 0.40, 0.20, 0.60) == "replicates"  # covers +0.337
+    assert stats.replication(0.674, 0.20, 0.05, 0.30) == "not replicated"  # wholly nearer 0 than half the first
+    assert stats.replication(0.674, 0.60, 0.45, 0.75) == "beyond half the first"  # the letter fails on the far side
+    assert stats.replication(0.674, -0.10, -0.30, 0.40) == "not replicated"  # the other sign, though it covers +0.337
+    assert stats.replication(-1.518, -1.2, -1.5, -0.7) == "replicates"  # a call below 0: half of it is -0.759
+    assert stats.replication(-1.519, -1.486, -1.850, -1.123) == "beyond half the first"  # the collapse's rerun
+    with pytest.raises(ValueError):
+        stats.replication(0.0, 0.1, -0.1, 0.3)
+
+
 def test_non_inferiority():
     assert stats.non_inferiority(-0.05, 0.2, 0.1) == "non-inferior"
     assert stats.non_inferiority(-0.15, 0.2, 0.1) == "inconclusive"

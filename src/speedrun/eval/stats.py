@@ -198,6 +198,21 @@ def non_inferiority(ci_low: float, ci_high: float, margin: float) -> str:
     return "inconclusive"
 
 
+def replication(first: float, value: float, ci_low: float, ci_high: float) -> str:
+    """The lab's replication rule for a call: "replicates" when the rerun's estimate has the first's sign and its
+    interval covers half the first's estimate; "beyond half the first" when it has the sign but its interval lies
+    wholly farther from 0 than half the first (the rule's letter fails on the far side: an effect as small as half
+    the first is excluded); "not replicated" otherwise (the other sign, or an interval wholly nearer 0 than half the
+    first)."""
+    if first == 0:
+        raise ValueError("a call's estimate is not 0; nothing to replicate")
+    half = first / 2
+    if value * first <= 0:
+        return "not replicated"
+    if ci_low <= half <= ci_high:
+        return "replicates"
+    return "beyond half the first" if (ci_low > half if first > 0 else ci_high < half) else "not replicated"
+
 def mde(between_var: float, prompt_var: float, runs: int, new_runs: int, m: int = 1, power: float = 0.8,
         alpha: float = ALPHA) -> float:
     """Minimum detectable |Δ| at `new_runs` runs per variant, two-sided at alpha / m (Holm's first step over m
