@@ -168,14 +168,19 @@ def holm_mde(g: dict, m: int, power: float = 0.8) -> float:
     return (t_ppf(1 - ALPHA / (2 * m), df) + t_ppf(power, df)) * g["se"]
 
 
+def family_members(experiment: str) -> list[str]:
+    """The comparisons of `experiment` declared as members of a family in FAMILIES (its calls)."""
+    return [m["comparison"] for fam in yaml.safe_load(FAMILIES.read_text()).values() for m in fam["members"]
+            if m["experiment"] == experiment]
+
+
 def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
     """The plan's readings: the collapse rm:shuffled must be called below 0; each family member (families.yaml) is
     called by Holm over the family's members at ALPHA; a call above 0 reduces the collapse when its MDE is at most 30%
     of the collapse measured here; the design counts only if the positive control (rm_passk:rm) is called above 0;
     gold pass@1 is non-inferior within half of shuffled's pass@1 lead over rm. A null is worded with the MDE at Holm's
     strictest level (the plan's bar uses the unadjusted one, as its power figures did)."""
-    members = [m["comparison"] for fam in yaml.safe_load(FAMILIES.read_text()).values() for m in fam["members"]
-               if m["experiment"] == root.name]
+    members = family_members(root.name)
     if not members:
         return [f"- {root.name} is a member of no family in {FAMILIES}: no call (a pilot)"]
     if any(pooled["comparisons"][m]["primary"] != "gap" for m in members):
@@ -219,8 +224,7 @@ def replications(root: Path, pooled: dict, first: Path, density_read: bool) -> l
     """The first run's replication rule on this run (never pooled with it): each comparison the first run called (Holm
     over its family's members) against this run's unadjusted interval (speedrun.eval.stats.replication); the collapse
     must be called below 0 here for a reduction to be read, and rm_density's row needs its check on every model here."""
-    members = [m["comparison"] for fam in yaml.safe_load(FAMILIES.read_text()).values() for m in fam["members"]
-               if m["experiment"] == first.name]
+    members = family_members(first.name)
     if not members:
         raise SystemExit(f"{first}: a member of no family in {FAMILIES}: it made no call to replicate")
     before = pool(first)["comparisons"]

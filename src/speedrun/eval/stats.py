@@ -213,6 +213,7 @@ def replication(first: float, value: float, ci_low: float, ci_high: float) -> st
         return "replicates"
     return "beyond half the first" if (ci_low > half if first > 0 else ci_high < half) else "not replicated"
 
+
 def mde(between_var: float, prompt_var: float, runs: int, new_runs: int, m: int = 1, power: float = 0.8,
         alpha: float = ALPHA) -> float:
     """Minimum detectable |Δ| at `new_runs` runs per variant, two-sided at alpha / m (Holm's first step over m
