@@ -223,7 +223,8 @@ def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
 def replications(root: Path, pooled: dict, first: Path, density_read: bool) -> list[str]:
     """The first run's replication rule on this run (never pooled with it): each comparison the first run called (Holm
     over its family's members) against this run's unadjusted interval (speedrun.eval.stats.replication); the collapse
-    must be called below 0 here for a reduction to be read, and rm_density's row needs its check on every model here."""
+    must be called below 0 here for a reduction to be read, and rm_density's row needs its check on every model here.
+    Gold pass@1 is read as in the first run: non-inferior within half of shuffled's pass@1 lead over rm, here."""
     members = family_members(first.name)
     if not members:
         raise SystemExit(f"{first}: a member of no family in {FAMILIES}: it made no call to replicate")
@@ -246,7 +247,15 @@ def replications(root: Path, pooled: dict, first: Path, density_read: bool) -> l
             verdict = f"not read (its manipulation check failed here): {verdict}"
         elif not substrate:
             verdict = f"not read (no collapse here to reduce): {verdict}"
-        lines.append(f"{head}; half the first {f['value'] / 2:+.3f}: **{verdict}**")
+        # Added after the read (a description, not a change of verdict): the rule's near side passes an interval
+        # that also covers 0, which fits the first's effect and none alike.
+        covers_0 = g["ci_low"] <= 0 <= g["ci_high"]
+        alone = "; its interval also covers 0: this run alone does not find it" if covers_0 else ""
+        p1 = pooled["comparisons"][m]["pass@1"]
+        margin = max(-pooled["comparisons"]["rm:shuffled"]["pass@1"]["value"] / 2, 0)
+        lines.append(f"{head}; half the first {f['value'] / 2:+.3f}: **{verdict}**{alone}; gold pass@1 "
+                     f"{p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}], "
+                     f"{non_inferiority(p1['ci_low'], p1['ci_high'], margin)} at margin {margin:.3f}")
     return lines
 
 
