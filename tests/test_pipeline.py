@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import dvc, git, make_pipeline_repo, run_module, set_params
+from conftest import dvc, git, make_pipeline_repo, pythonpath, run_module, set_params
 from speedrun.train.checkpoint import load_model
 
 GRPO_RUNS = [f"grpo@{v}-{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)]
@@ -310,7 +310,7 @@ def _queued_experiment_and_frontier(repo: Path) -> None:
     (repo / "exps.json").write_text(dvc(repo, "exp", "show", "--json"))
     res = subprocess.run([sys.executable, "-m", "speedrun.frontier", "--show-json", "exps.json", "--sweep",
                           "grpo.train.lr", "--out", "frontier.png"], cwd=repo, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(repo / "src")))
+                         env=dict(os.environ, PYTHONPATH=pythonpath(repo / "src")))
     assert res.returncode == 0, res.stderr
     for lr in ("0.0002", "0.0001"):
         for variant in ("density", "baseline"):
@@ -343,7 +343,7 @@ def _additions_rerun_only_their_stages(repo: Path) -> None:
     set_params(repo, {"eval.comparisons": ["density:nope"]})
     res = subprocess.run([sys.executable, "-m", "dvc", "repro", "eval_diversity"], cwd=repo, capture_output=True,
                          text=True, env=dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"),
-                                             PYTHONPATH=str(repo / "src")))
+                                             PYTHONPATH=pythonpath(repo / "src")))
     assert res.returncode != 0 and "eval.comparisons" in res.stdout + res.stderr
     assert (repo / "reports/report.md").read_bytes() == report
 
@@ -355,7 +355,7 @@ def _unknown_keys_stop_before_any_stage(repo: Path) -> None:
     kept = {a: (repo / a).read_bytes() for a in ("reports/metrics/diversity.json", "reports/task.md",
                                                   "outs/eval/result.json", "outs/grpo/density_s1/model.pt")}
     good = (repo / "params.yaml").read_text()
-    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), PYTHONPATH=str(repo / "src"))
+    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), PYTHONPATH=pythonpath(repo / "src"))
     (repo / "params.yaml").write_text(good + "betta: 0.1\n")
     for cmd in (["repro"], ["exp", "run", "-S", "grpo.train.lr=0.5"]):
         res = subprocess.run([sys.executable, "-m", "dvc", *cmd], cwd=repo, capture_output=True, text=True, env=env)
