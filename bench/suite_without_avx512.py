@@ -9,7 +9,8 @@ torch reports no AVX512-BF16 and no AMX, so `compute.dtype: auto` trains in fp32
 there; ATen's kernels run at AVX2 (`ATEN_CPU_CAPABILITY`), oneDNN and MKL at AVX2 at most. What does not: this CPU's
 clock, caches, memory and core count. So the figure measures what the instruction set and the dtype cost the suite,
 not the other kind's speed; compare it with `--native` in the same session (machines are noisy). Both modes start
-with an empty torch.compile cache, as a fresh machine does.
+with an empty torch.compile cache, as a fresh machine does. The hook reaches every process the suite starts because
+the tests keep the caller's PYTHONPATH after their own (tests/conftest.py: pythonpath).
 """
 from __future__ import annotations
 
