@@ -174,6 +174,14 @@ def family_members(experiment: str) -> list[str]:
             if m["experiment"] == experiment]
 
 
+def gold_pass1(pooled: dict, m: str) -> str:
+    """Comparison m's gold pass@1 Δ, non-inferior within half of shuffled's pass@1 lead over rm (the plan's margin)."""
+    p1 = pooled["comparisons"][m]["pass@1"]
+    margin = max(-pooled["comparisons"]["rm:shuffled"]["pass@1"]["value"] / 2, 0)
+    return (f"gold pass@1 {p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}], "
+            f"{non_inferiority(p1['ci_low'], p1['ci_high'], margin)} at margin {margin:.3f}")
+
+
 def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
     """The plan's readings: the collapse rm:shuffled must be called below 0; each family member (families.yaml) is
     called by Holm over the family's members at ALPHA; a call above 0 reduces the collapse when its MDE is at most 30%
@@ -186,7 +194,7 @@ def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
     if any(pooled["comparisons"][m]["primary"] != "gap" for m in members):
         raise SystemExit(f"{root}: the plan's primary is the gap; a member's is not")
     col = pooled["comparisons"]["rm:shuffled"]
-    collapse, lead = -col["gap"]["value"], -col["pass@1"]["value"]
+    collapse = -col["gap"]["value"]
     substrate = col["gap"]["ci_high"] < 0
     lines = [f"- the collapse rm − shuffled: {col['gap']['value']:+.3f} [{col['gap']['ci_low']:+.3f}, "
              f"{col['gap']['ci_high']:+.3f}]: " + ("called below 0 (the substrate holds)" if substrate
@@ -195,7 +203,7 @@ def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
     up = {m: adjusted[m] <= ALPHA and pooled["comparisons"][m]["gap"]["value"] > 0 for m in members}
     positive = up.get("rm_passk:rm", False)
     for m in members:
-        g, p1 = pooled["comparisons"][m]["gap"], pooled["comparisons"][m]["pass@1"]
+        g = pooled["comparisons"][m]["gap"]
         strict = holm_mde(g, len(members))
         verdict = ("reduces the collapse" if up[m] and g["mde"] <= 0.3 * collapse else
                    "a reduction, not measured to the plan's MDE" if up[m] else
@@ -209,9 +217,7 @@ def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
             verdict = f"not read (the positive control is not called, so the design does not count): {verdict}"
         lines.append(f"- {m}: Δ gap {g['value']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}], p {g['p']:.4f}, Holm "
                      f"{adjusted[m]:.4f}, MDE {g['mde']:.3f} ({g['mde'] / collapse:.0%} of the collapse; at Holm's "
-                     f"level {strict:.3f}): {verdict}; gold pass@1 {p1['value']:+.3f} [{p1['ci_low']:+.3f}, "
-                     f"{p1['ci_high']:+.3f}], {non_inferiority(p1['ci_low'], p1['ci_high'], max(lead / 2, 0.0))} at "
-                     f"margin {max(lead / 2, 0):.3f}")
+                     f"level {strict:.3f}): {verdict}; {gold_pass1(pooled, m)}")
     lines.append("- the positive control (rm_passk:rm) is " + (
         "not read (no collapse)" if not substrate else "called: the design counts" if positive else
         "**not called: the design does not count, and no null of the other arms is read**"))
@@ -223,8 +229,8 @@ def calls(root: Path, pooled: dict, density_read: bool) -> list[str]:
 def replications(root: Path, pooled: dict, first: Path, density_read: bool) -> list[str]:
     """The first run's replication rule on this run (never pooled with it): each comparison the first run called (Holm
     over its family's members) against this run's unadjusted interval (speedrun.eval.stats.replication); the collapse
-    must be called below 0 here for a reduction to be read, and rm_density's row needs its check on every model here.
-    Gold pass@1 is read as in the first run: non-inferior within half of shuffled's pass@1 lead over rm, here."""
+    must be called below 0 here for a reduction to be read, and rm_density's row needs its check on every model here;
+    gold pass@1 is read as in the first run, against this run's margin."""
     members = family_members(first.name)
     if not members:
         raise SystemExit(f"{first}: a member of no family in {FAMILIES}: it made no call to replicate")
@@ -251,11 +257,7 @@ def replications(root: Path, pooled: dict, first: Path, density_read: bool) -> l
         # that also covers 0, which fits the first's effect and none alike.
         covers_0 = g["ci_low"] <= 0 <= g["ci_high"]
         alone = "; its interval also covers 0: this run alone does not find it" if covers_0 else ""
-        p1 = pooled["comparisons"][m]["pass@1"]
-        margin = max(-pooled["comparisons"]["rm:shuffled"]["pass@1"]["value"] / 2, 0)
-        lines.append(f"{head}; half the first {f['value'] / 2:+.3f}: **{verdict}**{alone}; gold pass@1 "
-                     f"{p1['value']:+.3f} [{p1['ci_low']:+.3f}, {p1['ci_high']:+.3f}], "
-                     f"{non_inferiority(p1['ci_low'], p1['ci_high'], margin)} at margin {margin:.3f}")
+        lines.append(f"{head}; half the first {f['value'] / 2:+.3f}: **{verdict}**{alone}; {gold_pass1(pooled, m)}")
     return lines
 
 
