@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speedrun.data import task
-from speedrun.data.paraphrases import NOUNS, PARAPHRASES, leaks, nearest_share, template_words, words
+from speedrun.data.paraphrases import HELD_OUT, NOUNS, PARAPHRASES, leaks, nearest_share, template_words, words
 from speedrun.eval.task_report import PARAPHRASE_BAR
 from speedrun.params import load
 from speedrun.rl.prompts import prompt_embeddings
@@ -20,14 +20,16 @@ def train():
 
 
 def test_paraphrases_use_no_template_word_and_no_cluster_noun():
-    assert set(PARAPHRASES) == set(task.TEMPLATES)
+    assert set(PARAPHRASES) == set(HELD_OUT) == set(task.TEMPLATES)
     banned = template_words() | NOUNS
     assert {"between", "greater", "after", "even", "month", "letter", "number"} <= banned
     assert leaks("named", banned) and leaks("falling", banned) and not leaks("sitting", banned)  # forms of a word
-    for cluster, texts in PARAPHRASES.items():
-        assert len(set(texts)) >= 8, cluster
-        for t in texts:
-            assert not [w for w in words(t) if leaks(w, banned)], (cluster, t)
+    for cluster in PARAPHRASES:
+        assert not set(PARAPHRASES[cluster]) & set(HELD_OUT[cluster]), cluster  # the held-out set is new text
+        for texts in (PARAPHRASES[cluster], HELD_OUT[cluster]):
+            assert len(set(texts)) >= 8, cluster
+            for t in texts:
+                assert not [w for w in words(t) if leaks(w, banned)], (cluster, t)
 
 
 def test_the_default_embedding_places_paraphrases_better_than_the_lexical_one_and_the_run_reports_it(train):

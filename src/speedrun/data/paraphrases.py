@@ -51,6 +51,51 @@ PARAPHRASES: dict[str, tuple[str, ...]] = {
                "Pick a span of weeks following July and preceding November."),
 }
 
+# Written 2026-11-30 and committed before any embedding was measured on them: an embedding chosen by its share on
+# PARAPHRASES (seen, so that share is optimistic) is confirmed here, once (docs/LOG.md). 12 per trained cluster.
+HELD_OUT: dict[str, tuple[str, ...]] = {
+    "numbers": ("Pick a value somewhere from 17 to 24, not counting either end.",
+                "Write down a count exceeding 9 yet under 15.",
+                "Any figure over 33 that stays short of 39 will do.",
+                "Share a quantity exceeding 45 while remaining under 51.",
+                "What would fit if I wanted something past 27 and shy of 32?",
+                "Offer up a value that tops 50 but does not reach 56.",
+                "Produce a count that tops 3 and stays under 9.",
+                "Think of a value inside the open interval from 61 to 68.",
+                "Suggest something in excess of 12 and short of 18.",
+                "Respond with a tally past 36 and under 42.",
+                "Type a figure exceeding 54 but shy of 59.",
+                "Supply any count from the gap separating 20 and 26."),
+    "evens": ("Pick a value divisible by two, past 17 and short of 25.",
+              "Write down a count that splits into two equal halves, over 9 and under 17.",
+              "Any figure over 33 and short of 41 that 2 divides exactly will do.",
+              "Share a quantity ending in 0, 2, 4, 6 or 8, exceeding 45 while remaining under 53.",
+              "What non-odd value sits past 27 and shy of 35?",
+              "Offer a value that is twice some count, topping 50 but not reaching 58.",
+              "Produce a multiple of 2 that tops 3 and stays under 11.",
+              "Think of a value with no remainder on division by two, inside the open interval 61 to 69.",
+              "Suggest a count you can split into pairs with none left over, in excess of 12 and short of 20.",
+              "Respond with a tally that is a multiple of two, past 36 and under 44.",
+              "Type a figure exceeding 54 but shy of 62 that halves without a fraction.",
+              "Supply a non-odd count from the gap separating 20 and 28."),
+    "letters": ("Pick a character ordered past `e` and ahead of `j`.",
+                "Write a symbol of the ABCs that follows `k` but precedes `p`.",
+                "Any character from a to z that sits beyond `s` and prior to `x` will do.",
+                "Offer a glyph ranked past `g` yet ahead of `m` in dictionary order.",
+                "Type a character that in ABC order is past `b` and ahead of `f`.",
+                "Respond with a Latin character following `n` yet preceding `u`.",
+                "Share a single character found beyond `h` and prior to `o` when reciting a to z.",
+                "Suggest a character in the open range `q` to `v` of the ABCs."),
+    "months": ("Pick a part of the calendar past February yet ahead of June.",
+               "Write down a calendar page following April and preceding August.",
+               "Any stretch of the calendar beyond September and prior to December will do.",
+               "Offer a calendar period found past January and ahead of April.",
+               "Respond with a span of about thirty days following May yet preceding September.",
+               "Share a portion of the calendar sitting past March and ahead of August.",
+               "Type a calendar segment beyond June and prior to October.",
+               "Suggest a span of roughly four weeks following October and preceding December."),
+}
+
 
 def template_words() -> set[str]:
     """Every word of every template, lower case, without the bounds' placeholders and the function words."""
