@@ -373,12 +373,16 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     """The README's pretrained-base experiment, on a tiny random Llama written here as a GGUF file: task_base reads
     it, and the task track runs from it (task SFT in its ChatML template, the RM on its trunk, every GRPO run, the
     evaluation), the task SFT and every GRPO run training the last of its two blocks only; nothing of the chat or
-    adversarial tracks reruns."""
+    adversarial tracks reruns. Two arms, the two rewards the base reaches (the checker; the RM on its trunk): the
+    others differ from the checker arm in prompt selection and reward shuffling only, which no base touches."""
     from tiny_llama import write_gguf, write_hf
     path = write_gguf(elsewhere / "tiny.gguf", write_hf(elsewhere / "hf", tied=True)[0])
+    arms = ("checker", "rm")
     out = dvc(repo, "exp", "run", "-n", "tiny-llama", "-S", f"task.base=gguf:{path}", *LLAMA_LENGTHS,
-              "-S", "task.sft.frozen_blocks=1", "-S", "task.train.frozen_blocks=1")
-    assert ran(out) == {"preflight", "task_base", "task_sft", "task_rm", *TASK_RUNS, "task_eval"}, ran(out)
+              "-S", "task.sft.frozen_blocks=1", "-S", "task.train.frozen_blocks=1",
+              "-S", f"task.run=[{','.join(arms)}]", "-S", "task.eval.comparisons=['rm:checker']")
+    runs = [f"task_grpo@{a}-{s}" for a in arms for s in (1, 2)]
+    assert ran(out) == {"preflight", "task_base", "task_sft", "task_rm", *runs, "task_eval"}, ran(out)
     base, sft, run = (load_model(repo / d)[0].state_dict() for d in ("outs/task_base", "outs/task_sft",
                                                                       "outs/task_grpo/rm_s1"))
     for name in base:  # the embedding (the tied head) and block 0 stay the base's; block 1 and the norm train
@@ -389,7 +393,7 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     assert meta["arch"] == "llama" and meta["init"].startswith("tiny.gguf sha256 ")
     assert json.loads((repo / "outs/task_rm/meta.json").read_text())["arch"] == "llama"
     task_result = json.loads((repo / "reports/metrics/task.json").read_text())
-    assert set(task_result["arms"]) == set(TASK_ARMS)
+    assert set(task_result["arms"]) == set(arms)
     assert "task.base" in dvc(repo, "exp", "show", "--csv")
 
 

@@ -237,6 +237,8 @@ def batch(stage: str, argv: list[str], spec: SimpleNamespace) -> None:
               f"{p.compute.run_threads} thread(s) each; each result waits in {root}/<key> for its own stage",
               flush=True)
         mod = importlib.import_module(f"stages.{stage}")  # once, here: each forked run starts with it imported
+        if sys.platform.startswith("linux") and len(jobs) > 1:  # a process's first optimizer imports torch._dynamo
+            import torch._dynamo  # noqa: F401  (about 1 s): once here, not in every fork (bench/forked_run_startup.py)
         fork_main = lambda a: run_stage(mod.main, mod.__doc__, mod.READS, mod.PATHS, mod.IDS, argv=a)  # noqa: E731
         with tempfile.TemporaryDirectory(prefix=f"{stage}_runs_") as tmp:
             run_all(stage, jobs, width, Path(tmp), fork_main)
