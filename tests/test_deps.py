@@ -1,8 +1,11 @@
 """dvc.yaml lists, for every stage, the code it runs: its stage script and every module of `speedrun` that script
 imports, directly or through other modules. A missing one would let DVC call a stale artifact up to date."""
 import ast
+import hashlib
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -47,8 +50,13 @@ def transitive(path: Path) -> set[Path]:
     return {f for f in seen if f.name != "__init__.py" or has_code(f)}
 
 
+PLUMBING = {SRC / "speedrun" / "__init__.py"}  # picks which checkout's modules load; computes nothing
+
+
 def has_code(path: Path) -> bool:
-    """A package __init__ holding only its docstring runs nothing a stage depends on."""
+    """A package __init__ holding only its docstring (or import plumbing) runs nothing a stage depends on."""
+    if path in PLUMBING:
+        return False
     body = ast.parse(path.read_text()).body
     return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
 
@@ -135,3 +143,47 @@ def test_every_path_a_stage_touches_is_declared_in_dvc_yaml():
                 if not any(p == d or p.startswith(d + "/") or d.startswith(p + "/") for d in declared):
                     missing.append(f"stage {name}: --{key.replace('_', '-')} {path} is in no dvc.yaml entry")
     assert not missing, "\n".join(missing)
+
+
+def test_the_speedrun_command_runs_the_library_of_the_checkout_it_starts_in(tmp_path):
+    """`speedrun <stage>` from a copy of the repo (console script, editable install naming another tree) imports the
+    copy's src/speedrun modules."""
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "src" / "speedrun").mkdir(parents=True)
+    (tmp_path / "src" / "speedrun" / "__init__.py").write_text((SRC / "speedrun" / "__init__.py").read_text())
+    (tmp_path / "src" / "speedrun" / "only_here.py").write_text("WHERE = 'the copy'\n")
+    code = f"import sys; sys.path.insert(0, {str(SRC)!r}); import speedrun.only_here as m; print(m.WHERE, m.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:2] == ["the", "copy"] and str(tmp_path) in out.stdout, out.stdout
+
+
+def test_a_queued_experiment_runs_and_hashes_the_code_it_was_queued_with(tmp_path):
+    """`dvc exp run --queue`, then an edit to the workspace's src/ before `dvc queue start`: the queued stage runs the
+    code committed with it (its own copy's), and the experiment's dvc.lock holds that code's md5."""
+    from conftest import dvc, git, make_pipeline_repo
+    repo = make_pipeline_repo(tmp_path / "repo", {})
+    dag = yaml.safe_load((repo / "dvc.yaml").read_text())
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"preflight": dag["stages"]["preflight"]}}))
+    stage_py = repo / "src" / "speedrun" / "stage.py"
+    stage_py.write_text(stage_py.read_text() + "\nprint('code-version: queued', flush=True)\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the preflight stage, code version 'queued'")
+    queued_md5 = hashlib.md5(stage_py.read_bytes()).hexdigest()
+    dvc(repo, "exp", "run", "--queue", "-n", "q1", "-S", "seed=7")
+    stage_py.write_text(stage_py.read_text().replace("code-version: queued", "code-version: edited"))  # the workspace
+    dvc(repo, "queue", "start")
+    for _ in range(300):
+        status = dvc(repo, "queue", "status")
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(1)
+    assert "Success" in status, status
+    logs = dvc(repo, "queue", "logs", "q1")
+    assert "code-version: queued" in logs and "code-version: edited" not in logs, logs
+    dvc(repo, "exp", "branch", "q1", "q1-branch")
+    lock = yaml.safe_load(subprocess.run(["git", "show", "q1-branch:dvc.lock"], cwd=repo, capture_output=True,
+                                         text=True, check=True).stdout)
+    deps = {d["path"]: d["md5"] for d in lock["stages"]["preflight"]["deps"]}
+    assert deps["src/speedrun/stage.py"] == queued_md5
