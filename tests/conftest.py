@@ -156,3 +156,15 @@ def run_module(module: str, *args: str, cwd: Path = REPO, timeout: int = 300, en
                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     assert res.returncode == 0, f"{module} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout
+
+
+def run_queue(repo: Path, timeout_s: int = 600) -> str:
+    """`dvc queue start`, then wait until no experiment is queued or running: the final `dvc queue status`."""
+    import time
+    dvc(repo, "queue", "start")
+    for _ in range(timeout_s):
+        status = dvc(repo, "queue", "status")
+        if "Queued" not in status and "Running" not in status:
+            return status
+        time.sleep(1)
+    raise AssertionError(f"the queue still runs after {timeout_s} s:\n{status}")

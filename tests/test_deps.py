@@ -5,7 +5,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -162,7 +161,7 @@ def test_the_speedrun_command_runs_the_library_of_the_checkout_it_starts_in(tmp_
 def test_a_queued_experiment_runs_and_hashes_the_code_it_was_queued_with(tmp_path):
     """`dvc exp run --queue`, then an edit to the workspace's src/ before `dvc queue start`: the queued stage runs the
     code committed with it (its own copy's), and the experiment's dvc.lock holds that code's md5."""
-    from conftest import dvc, git, make_pipeline_repo
+    from conftest import dvc, git, make_pipeline_repo, run_queue
     repo = make_pipeline_repo(tmp_path / "repo", {})
     dag = yaml.safe_load((repo / "dvc.yaml").read_text())
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"preflight": dag["stages"]["preflight"]}}))
@@ -173,12 +172,7 @@ def test_a_queued_experiment_runs_and_hashes_the_code_it_was_queued_with(tmp_pat
     queued_md5 = hashlib.md5(stage_py.read_bytes()).hexdigest()
     dvc(repo, "exp", "run", "--queue", "-n", "q1", "-S", "seed=7")
     stage_py.write_text(stage_py.read_text().replace("code-version: queued", "code-version: edited"))  # the workspace
-    dvc(repo, "queue", "start")
-    for _ in range(300):
-        status = dvc(repo, "queue", "status")
-        if "Queued" not in status and "Running" not in status:
-            break
-        time.sleep(1)
+    status = run_queue(repo)
     assert "Success" in status, status
     logs = dvc(repo, "queue", "logs", "q1")
     assert "code-version: queued" in logs and "code-version: edited" not in logs, logs

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import dvc, git, make_pipeline_repo, pythonpath, run_module, set_params
+from conftest import dvc, git, make_pipeline_repo, pythonpath, run_module, run_queue, set_params
 from speedrun.train.checkpoint import load_model
 
 GRPO_RUNS = [f"grpo@{v}-{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)]
@@ -294,12 +294,7 @@ def _queued_experiment_and_frontier(repo: Path) -> None:
     # (one queued value, 'a,b' expands to one run per value: test_params.py). Its knob is the chat GRPO runs' lr, not
     # the README's beta, which every GRPO stage reads: the same queue, without rerunning the task and adversarial runs
     dvc(repo, "exp", "run", "--queue", "-n", "lr-2e-4", "-S", "grpo.train.lr=0.0002")
-    dvc(repo, "queue", "start")
-    for _ in range(600):
-        status = dvc(repo, "queue", "status")
-        if "Queued" not in status and "Running" not in status:
-            break
-        time.sleep(1)
+    status = run_queue(repo)
     assert "Failed" not in status, status
     stages = ran(dvc(repo, "queue", "logs", "lr-2e-4"))
     assert stages == {"preflight", *GRPO_RUNS, "eval_diversity"}, stages  # the rest from the cache
