@@ -75,15 +75,19 @@ def test_errors_name_the_problem(tiny_corpus, ckpts, tmp_path):
     root, _ = ckpts
     missing = run_chat(tiny_corpus, "--model", str(tmp_path / "nope"), "--prompt", "hi")
     assert missing.returncode != 0 and "not a checkpoint directory" in missing.stderr
+    assert "Traceback" not in missing.stderr, missing.stderr  # a user's failure: one line
     other = run_chat(tiny_corpus, "--model", str(root / "other_tok"), "--prompt", "hi")
     assert other.returncode != 0 and "trained with tokenizer 0000000000000000" in other.stderr
+    assert "Traceback" not in other.stderr, other.stderr  # a user's failure: one line
     import shutil
     shutil.copytree(root / "sft", tmp_path / "corrupt")
     (tmp_path / "corrupt" / "meta.json").write_text('{"config": ')
     corrupt = run_chat(tiny_corpus, "--model", str(tmp_path / "corrupt"), "--prompt", "hi")
     assert corrupt.returncode != 0 and f"{tmp_path / 'corrupt' / 'meta.json'}: not valid JSON" in corrupt.stderr
+    assert "Traceback" not in corrupt.stderr, corrupt.stderr  # a user's failure: one line
     long = run_chat(tiny_corpus, "--model", str(root / "sft"), "--prompt", "word " * 200)
     assert long.returncode != 0 and "the model's context is 48" in long.stderr
+    assert "Traceback" not in long.stderr, long.stderr  # a user's failure: one line
     # in the REPL a turn over the context is reported and the session goes on
     repl = run_chat(tiny_corpus, "--model", str(root / "sft"), "--max-tokens", "4", stdin="word " * 200 + "\nhi\n")
     assert repl.returncode == 0 and "error:" in repl.stderr and repl.stdout.strip()

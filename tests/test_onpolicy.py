@@ -110,6 +110,7 @@ def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, 
     proc = subprocess.run([sys.executable, "-m", "stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "none"),
                            "-S", "rm.train_kinds=[uf]"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "no usable 'train' and 'val' pairs of kinds 'uf'" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr  # a user's failure: one line
 
 
 def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
@@ -157,6 +158,7 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
                            "-S", "grpo.train.steps=1", "--out-dir", str(tmp_path / "g"),
                            "--metrics", str(tmp_path / "g.json")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and str(tmp_path / "rm0") in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr  # a user's failure: one line
     assert not (tmp_path / "g").exists()
     # the adversarial discriminator: an untrained (zero) output layer is refused the same way
     disc = Discriminator(GPT(GPTConfig(vocab_size=tok.vocab_size, depth=1, n_embd=32, head_dim=16, seq_len=16)))
@@ -169,6 +171,7 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
                            "-S", "adversarial.train.steps=1", "--out-dir", str(tmp_path / "adv")], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "constant reward model" in proc.stderr and "disc0" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr  # a user's failure: one line
     with pytest.raises(ValueError, match="rewards have std 0.0"):
         require_reward_signal(torch.ones(3), 0.0, "rm")
     require_reward_signal(torch.ones(3), 0.5, "rm")  # a trained head with spread passes

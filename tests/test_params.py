@@ -98,12 +98,39 @@ def test_preflight_refuses_a_trained_cluster_the_task_does_not_have():
 
 
 @pytest.mark.parametrize("base", ["'gguf:'", "'hf: '", "smollm2", "/models/x.gguf"])  # YAML reads gguf: as a map
-def test_preflight_refuses_a_base_model_it_cannot_name(base):
+def test_preflight_refuses_a_base_model_it_cannot_name(base, tmp_path):
     p = params.load(REPO / "params.yaml", [f"task.base={base}"])
     with pytest.raises(params.ParamsError, match=re.escape("task.base: ") + ".* is not a base model .own \\| smollm2"):
         params.dag_check(p, "params.yaml")
-    for good in ("own", "smollm2-135m", "gguf:models/x.gguf", "hf:HuggingFaceTB/SmolLM2-360M-Instruct"):
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    for good in ("own", "smollm2-135m", f"gguf:{tmp_path / 'x.gguf'}", f"hf:{tmp_path}",
+                 "hf:HuggingFaceTB/SmolLM2-360M-Instruct"):  # a hub id: downloaded on a node
         params.dag_check(params.load(REPO / "params.yaml", [f"task.base={good}"]), "params.yaml")
+
+
+@pytest.mark.parametrize("base, what", [("gguf:/nonexistent/x.gguf", "file"), ("gguf:models/x.gguf", "file"),
+                                        ("hf:/nonexistent/folder", "folder"), ("hf:./no/such/folder", "folder")])
+def test_preflight_refuses_a_local_base_that_is_not_there(base, what):
+    """Before DVC removes outs/task_base, not inside the stage after it has."""
+    p = params.load(REPO / "params.yaml", [f"task.base={base}"])
+    with pytest.raises(params.ParamsError, match=re.escape(f"task.base: '{base}': no {what} ")):
+        params.dag_check(p, "params.yaml")
+
+
+def test_preflight_links_a_local_base_for_dvc_to_hash(tmp_path):
+    """outs/base_checkpoint: a link to the local checkpoint (DVC follows it: test_pipeline.py), else a line."""
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    (tmp_path / "m.gguf").write_bytes(b"GGUF v1")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'src'}"}
+    for base in ("own", f"gguf:{tmp_path / 'm.gguf'}", "own"):
+        res = subprocess.run([sys.executable, "-m", "speedrun", "preflight", "-S", f"task.base={base}", "--out",
+                              "pf.txt", "--base", "base_checkpoint"], cwd=tmp_path, capture_output=True, text=True,
+                             env=env)
+        assert res.returncode == 0, res.stderr
+        link = tmp_path / "base_checkpoint"
+        assert link.is_symlink() == (base != "own")
+        assert link.read_bytes() == (b"GGUF v1" if base != "own" else b"task.base: own (not a local file: nothing "
+                                                                       b"for DVC to hash)\n")
 
 
 def test_every_wheel_base_has_its_wheel():
@@ -215,6 +242,12 @@ def test_yaml_anchors_and_aliases_are_refused_at_load(tmp_path):
         params.load(REPO / "params.yaml", ["grpo.seeds=[&a 1, *a]"])
 
 
+def test_a_free_string_has_a_length_bound():
+    with pytest.raises(params.ParamsError, match=re.escape("grpo.controls.tic: a string of 100,000 characters: at "
+                                                           "most 1,000")):
+        params.load(REPO / "params.yaml", ["grpo.controls.tic=" + "x" * 100_000])
+
+
 @pytest.mark.parametrize("override", ["grpo.train.lr=" + "9" * 100_000, "task.run=[" + "x" * 100_000 + "]",
                                       "grpo.train." + "k" * 100_000 + "=1", "pairs.only=" + "a," * 50_000])
 def test_an_error_about_a_huge_value_stays_short(override):
@@ -240,11 +273,14 @@ def test_the_primary_names_are_the_evaluations_metrics():
     assert set(typing.get_args(DiversityMetric)) <= set(METRIC_BY_NAME)
 
 
-@pytest.mark.parametrize("init", ["/etc", "../elsewhere", "outs/../../x"])
+@pytest.mark.parametrize("init", ["/etc", "../elsewhere", "outs/../../x", "outs/link"])
 def test_preflight_refuses_an_init_outside_the_workspace(tmp_path, init):
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    (tmp_path / "outs").mkdir()
+    (tmp_path / "outs" / "link").symlink_to("/etc")  # inside by name, outside through the link
     res = subprocess.run([sys.executable, "-m", "speedrun", "preflight", "-S", f"adversarial.cycles.1.init={init}",
                           "--out", str(tmp_path / "pf.txt")], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'src'}"})
     assert res.returncode != 0 and "adversarial.cycles.1.init" in res.stderr and "inside the workspace" in res.stderr
+    assert "Traceback" not in res.stderr, res.stderr  # a user's failure: one line
     assert not (tmp_path / "pf.txt").exists()

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -235,6 +236,70 @@ def _reruns_are_byte_identical(repo: Path) -> None:
         assert (repo / "scratch/alone" / name).read_bytes() == (repo / "outs/task_grpo/density_s1" / name).read_bytes()
 
 
+def _tree(repo: Path) -> dict[str, tuple[int, int]]:
+    """Every file under outs/, reports/ and scratch/: size and modification time."""
+    return {str(f.relative_to(repo)): (f.stat().st_size, f.stat().st_mtime_ns) for d in ("outs", "reports", "scratch")
+            for f in (repo / d).rglob("*") if f.is_file()}
+
+
+def _kill_mid_run(repo: Path, cmd: list[str], ready) -> None:
+    """Start `cmd` (dvc repro, or a shell running a stage), wait until ready(its processes), kill -9 it: a second later
+    no process of the stage is left (none with its working directory in the repo), and no file under outs/,
+    reports/ or scratch/ changes after."""
+    import psutil
+    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1",
+               OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(repo / "src"))
+    parent = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not ready(psutil.Process(parent.pid).children(recursive=True)):
+        assert parent.poll() is None and time.time() < deadline, f"{cmd} ended before the kill"
+        time.sleep(0.02)
+    parent.kill()
+    parent.wait()
+    time.sleep(1.0)
+    left = [p.pid for p in psutil.process_iter(["cwd"]) if p.pid != os.getpid() and p.info["cwd"]
+            and Path(p.info["cwd"]).is_relative_to(repo)]
+    assert not left, f"{cmd}: processes of the stage outlived a kill -9 of what started it: {left}"
+    before = _tree(repo)
+    time.sleep(1.5)
+    assert _tree(repo) == before, f"{cmd}: files changed after the kill"
+
+
+def _killed_stages_leave_nothing_behind(repo: Path) -> None:
+    """kill -9 of what started a stage (`dvc repro`; a shell) mid-run: a GRPO runner training two runs in forks, and
+    task_eval (one process) end with it and write nothing after; the rerun gives every output's bytes again."""
+    grpo = ["outs/grpo/density_s1", "outs/grpo/baseline_s1", "reports/metrics/grpo/density_s1.json",
+            "reports/metrics/grpo/baseline_s1.json"]
+    outs = [*grpo, "outs/task_eval/answers.parquet", "reports/metrics/task.json", "reports/task.md"]
+    files = [f for o in outs for f in ([repo / o] if (repo / o).is_file() else sorted((repo / o).rglob("*")))]
+    kept = {f: f.read_bytes() for f in files if f.is_file()}
+    def count(procs, word: str) -> int:
+        n = 0
+        for p in procs:
+            try:
+                n += word in " ".join(p.cmdline())
+            except Exception:  # a process that ended meanwhile
+                pass
+        return n
+    forks = lambda procs: count(procs, "grpo") >= 3  # noqa: E731  (the runner and its two runs)
+    evaluated = lambda procs: any((repo / "scratch/task_eval").glob("*.parquet"))  # noqa: E731  (its first model)
+    shell = lambda line: ["bash", "-c", f"{line}; true"]  # noqa: E731  (bash stays the stage's parent)
+    by_hand = "speedrun grpo --variant density --seed 1 --metrics reports/metrics/grpo/density_s1.json"
+    dvc_repro = [sys.executable, "-m", "dvc", "repro", "-f", "-s"]
+    for cmd, ready, stage in ((dvc_repro + ["grpo@density-1"], forks, "grpo@density-1"),
+                              (shell(by_hand), forks, "grpo@density-1"),
+                              (dvc_repro + ["task_eval"], evaluated, "task_eval"),
+                              (shell("speedrun task_eval"), evaluated, "task_eval")):
+        if ready is forks:
+            shutil.rmtree(repo / "outs/grpo/baseline_s1")  # stale: the runner trains it beside density_s1
+        _kill_mid_run(repo, cmd, ready)
+        dvc(repo, "repro", "-f", "-s", stage)
+        dvc(repo, "repro")
+        changed = [str(f.relative_to(repo)) for f, b in kept.items() if not f.is_file() or f.read_bytes() != b]
+        assert not changed, (cmd, changed)
+    assert dvc(repo, "status").strip() == "Data and pipelines are up to date."
+
+
 def _task_eval_resumes_byte_identical(repo: Path, elsewhere: Path) -> None:
     """task_eval killed after its first models reads them back on the rerun: the DAG's bytes, answers and metrics."""
     outs = {"answers": "outs/task_eval/answers.parquet", "metrics": "reports/metrics/task.json",
@@ -390,6 +455,9 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     task_result = json.loads((repo / "reports/metrics/task.json").read_text())
     assert set(task_result["arms"]) == set(arms)
     assert "task.base" in dvc(repo, "exp", "show", "--csv")
+    # the base file replaced in place: DVC hashes it through outs/base_checkpoint, so task_base is stale
+    write_gguf(path, write_hf(elsewhere / "hf_other", tied=True, seed=1)[0])
+    assert "outs/base_checkpoint" in dvc(repo, "status") and "task_base" in ran(dvc(repo, "repro", "--dry"))
 
 
 @pytest.mark.e2e(first=True)
@@ -397,6 +465,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
     _first_repro(repo)
     _reruns_are_byte_identical(repo)
+    _killed_stages_leave_nothing_behind(repo)
     _task_eval_resumes_byte_identical(repo, tmp_path_factory.mktemp("task_eval_killed"))
     _two_processes_match_one(repo, tmp_path_factory.mktemp("grpo_two_processes"))  # outside the repo (tmp_path)
     _queued_experiment_and_frontier(repo)

@@ -197,3 +197,42 @@ def test_smollm2_logits_and_tokens_match_the_references():
     with torch.no_grad():
         torch.testing.assert_close(ck.model().eval()(torch.tensor([ids])), ref(torch.tensor([ids])).logits,
                                    atol=1e-3, rtol=1e-4)
+
+
+def test_a_bad_checkpoint_stops_the_base_stage_with_one_line_naming_it(tmp_path):
+    """A truncated, empty or foreign GGUF file, one of another architecture, an HF folder short of a file: the base
+    stage prints one `error:` line naming the file and what is wrong, no traceback, and writes nothing."""
+    import os
+    import subprocess
+    import sys
+    from conftest import REPO
+    folder, _ = write_hf(tmp_path / "hf", tied=True)
+    good = write_gguf(tmp_path / "tiny.gguf", folder).read_bytes()
+    cases = {"half.gguf": (good[:len(good) // 2], "truncated"), "head.gguf": (good[:100], "truncated or damaged"),
+             "empty.gguf": (b"", "an empty file"), "notes.gguf": (b"just some text\n", "not a GGUF file"),
+             "qwen.gguf": (good.replace(b"llama", b"qwen2"), "general.architecture is 'qwen2'")}
+    bases = {}
+    for name, (data, why) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        bases[f"gguf:{tmp_path / name}"] = (str(tmp_path / name), why)
+    for missing in ("tokenizer.json", "model.safetensors", "config.json"):
+        short = tmp_path / f"hf_without_{missing}"
+        short.mkdir()
+        for f in folder.iterdir():
+            if f.name != missing:
+                (short / f.name).write_bytes(f.read_bytes())
+        bases[f"hf:{short}"] = (str(short), f"no {missing}")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("SPEEDRUN_TRACEBACK", None)
+    for base, (where, why) in bases.items():
+        out = tmp_path / "out" / base.split("/")[-1]
+        res = subprocess.run([sys.executable, "-m", "stages.task_base", "-S", f"task.base={base}", "--out-dir",
+                              str(out)], cwd=REPO, capture_output=True, text=True, env=env)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (base, res.stderr)
+        assert lines[0].startswith(f"error: {where}") and why in lines[0], (base, lines[0])
+        assert not out.exists(), base
+    res = subprocess.run([sys.executable, "-m", "stages.task_base", "-S", f"task.base=gguf:{tmp_path / 'empty.gguf'}",
+                          "--out-dir", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True,
+                         env={**env, "SPEEDRUN_TRACEBACK": "1"})
+    assert "Traceback" in res.stderr and "an empty file" in res.stderr  # asked for: the traceback too

@@ -130,11 +130,11 @@ def test_bad_input_rows_are_refused_by_file_row_and_column(tmp_path):
     rows = sample_pairs()
     path = tmp_path / "pairs.parquet"
     write_pairs(path, rows[:3] + [rows[0]])
-    with pytest.raises(ValueError, match=r"pairs.parquet: rows 0 and 3, column 'id': the same id"):
-        run(tmp_path, path)
+    with pytest.raises(SystemExit, match=r"error: .*pairs.parquet: rows 0 and 3, column 'id': the same id"):
+        run(tmp_path, path)  # the stage's one line
     bad = dict(rows[4], prompt=[{"role": "user", "content": None}])
     write_pairs(path, rows[:2] + [bad])
-    with pytest.raises(ValueError, match=r"pairs.parquet: row 2, column 'prompt': message 0: expected a role and a "):
+    with pytest.raises(SystemExit, match=r"pairs.parquet: row 2, column 'prompt': message 0: expected a role and a "):
         run(tmp_path, path)
     write_pairs(path, rows)
     uniq = run(tmp_path, path, "-S", "prompts.eval_frac=0.0")[0]

@@ -180,3 +180,14 @@ def test_a_forked_run_reports_as_a_started_one(tmp_path):
     assert "--- [1/2] ok_s1" in res.stdout and "run argv ['ok_s1']" in res.stdout  # the ok run's log, once
     assert res.stdout.count("run argv") == 2 and "bad settings: the run stops" in res.stdout
     assert (tmp_path / "ok_s1" / "done").exists() and not (tmp_path / "bad" / "done").exists()
+
+
+def test_a_second_runner_of_a_track_refuses_naming_the_first(tmp_path):
+    """Two runners never train into (or remove) the same scratch entries: the second stops with one line naming the
+    first; once the first has ended (its lock dropped with it), a runner takes the track."""
+    first = runs.hold_track(tmp_path / "grpo", "grpo")
+    with pytest.raises(SystemExit) as e:
+        runs.hold_track(tmp_path / "grpo", "grpo")
+    assert str(e.value).startswith(f"error: grpo: process {os.getpid()} (") and "is training" in str(e.value)
+    first.close()
+    runs.hold_track(tmp_path / "grpo", "grpo").close()

@@ -171,6 +171,7 @@ def test_a_changed_setting_never_resumes_the_old_run(tiny_corpus, tmp_path):
     resume.write_bytes(b"not a checkpoint")
     res = subprocess.run([sys.executable, "-m", "stages.pretrain", *args], cwd=REPO, capture_output=True, text=True)
     assert res.returncode != 0 and str(resume) in res.stderr and "Delete it" in res.stderr
+    assert "Traceback" not in res.stderr, res.stderr  # a user's failure: one line
 
 
 def test_nan_loss_stops_training(tmp_path):

@@ -17,7 +17,7 @@ import typer
 
 from speedrun.typer_app import new_app, run_app
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import pick_device, stable_seed
+from speedrun.common import UserError, pick_device, stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
 from speedrun.tokenizer import Tokenizer
@@ -63,7 +63,7 @@ def reply(bot: Bot, tok: Tokenizer, text: str, max_tokens: int, temperature: flo
         messages, ids, stop = [], [tok.bos_id] + tok.encode(text), None
     room = bot.model.config.seq_len - len(ids)
     if room < 1:
-        raise ValueError(f"{bot.name}: the prompt{' with its history' if bot.history else ''} is {len(ids)} tokens, "
+        raise UserError(f"{bot.name}: the prompt{' with its history' if bot.history else ''} is {len(ids)} tokens, "
                          f"the model's context is {bot.model.config.seq_len}" +
                          (": /reset the history" if bot.history else ""))
     out: list[int] = []

@@ -13,11 +13,13 @@ from pathlib import Path
 import typer
 import yaml
 
+from speedrun.typer_app import FAILURE_HELP
+
 STAGES = ("preflight", "corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
           "train_rm", "grpo", "eval_diversity", "task_data", "task_base", "task_sft", "task_rm", "task_grpo",
           "task_eval", "adv_data", "adv_rm", "adv_grpo", "adv_eval")
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+app = typer.Typer(help=__doc__, epilog=FAILURE_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False, context_settings={"max_content_width": 120})
 
 
@@ -72,6 +74,8 @@ for _name in STAGES:
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # a stage's lines reach DVC's log as they are printed
+    from speedrun.common import die_with_parent
+    die_with_parent()  # a stage ends with the DVC process or shell that started it
     app()
 
 

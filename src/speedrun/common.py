@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import random
+import signal
 import sys
 import tempfile
 import unicodedata
@@ -19,6 +20,12 @@ import numpy as np
 
 if TYPE_CHECKING:
     import torch
+
+class UserError(ValueError):
+    """A failure the user can fix: a bad file, checkpoint or setting, named with what is wrong with it. A command prints
+    it as one line, `error: <message>`, and exits 1 (speedrun.typer_app.run_app; SPEEDRUN_TRACEBACK=1 shows the
+    traceback too). A ValueError, so a caller that catches those still does."""
+
 
 SPLITS = ("train", "val", "eval")  # the post-training split (data/docstrings.heldout_split), least held out first
 
@@ -82,7 +89,20 @@ def read_json(path: str | Path) -> Any:
         try:
             return json.load(f)
         except json.JSONDecodeError as e:  # a truncated or hand-edited file: say which
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+            raise UserError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_parquet(path: str | Path, **kwargs: Any) -> "pandas.DataFrame":  # noqa: F821
+    """A parquet file as a DataFrame; a truncated or foreign file names itself (pyarrow's message does not)."""
+    import pandas as pd
+    import pyarrow as pa
+    try:
+        return pd.read_parquet(path, **kwargs)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise UserError(f"{path}: not a readable parquet file ({type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0][:200]}); rebuild it with `dvc repro` or fix it") from None
 
 
 def write_parquet(path: str | Path, df: "pandas.DataFrame") -> None:  # noqa: F821
@@ -120,9 +140,11 @@ def torch_load(path: str | Path, device: str = "cpu") -> Any:
     except FileNotFoundError:
         raise
     except Exception as e:  # a truncated or foreign file: say which, and what to do (never weights_only=False)
-        raise RuntimeError(f"{path}: not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
-                           "Delete it (a resume file: the stage then starts over), or restore a DVC output with "
-                           f"`dvc checkout {path}`") from None
+        what = ("Delete it (a resume file: the stage then starts over from its last saved step, or from step 0)"
+                if "scratch" in Path(path).parts else
+                f"Restore it with `dvc checkout {path}`, or rebuild it with `dvc repro` (a DVC output)")
+        raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0][:200]}). {what}") from None
 
 
 def require_values(table: "pyarrow.Table", columns: tuple[str, ...], path: str | Path) -> None:  # noqa: F821
@@ -130,10 +152,10 @@ def require_values(table: "pyarrow.Table", columns: tuple[str, ...], path: str |
     import pyarrow.compute as pc
     for c in columns:
         if c not in table.column_names:
-            raise ValueError(f"{path}: no column {c!r} (have {table.column_names})")
+            raise UserError(f"{path}: no column {c!r} (have {table.column_names})")
         null = pc.is_null(table.column(c), nan_is_null=True)
         if pc.any(null).as_py():
-            raise ValueError(f"{path}: row {pc.index(null, True).as_py()}, column {c!r}: no value (null or NaN); "
+            raise UserError(f"{path}: row {pc.index(null, True).as_py()}, column {c!r}: no value (null or NaN); "
                              "fix or drop that row upstream")
 
 
@@ -143,7 +165,7 @@ def require_unique(values: list, column: str, path: str | Path) -> None:
     seen: dict = {}
     for i, v in enumerate(values):
         if v in seen:
-            raise ValueError(f"{path}: rows {seen[v]} and {i}, column {column!r}: the same id {v!r} twice; an id "
+            raise UserError(f"{path}: rows {seen[v]} and {i}, column {column!r}: the same id {v!r} twice; an id "
                              "must name one row")
         seen[v] = i
 
@@ -154,14 +176,26 @@ def chat_messages(value: Any, where: str) -> list[dict]:
     if isinstance(value, np.ndarray):  # pandas' reading of a parquet list column
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"{where}: expected a non-empty list of messages, got {value!r}")
+        raise UserError(f"{where}: expected a non-empty list of messages, got {value!r}")
     out = []
     for j, m in enumerate(value):
         role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
         if not isinstance(role, str) or not isinstance(content, str) or not content.strip():
-            raise ValueError(f"{where}: message {j}: expected a role and a non-empty text content, got {m!r}")
+            raise UserError(f"{where}: message {j}: expected a role and a non-empty text content, got {m!r}")
         out.append({"role": role, "content": content})
     return out
+
+
+def die_with_parent() -> None:
+    """On Linux: SIGKILL this process when the process that started it dies, however it dies (even by SIGKILL; kept
+    across exec, as into torchrun). A stage started by `dvc repro` or a shell never outlives it: killing DVC would
+    otherwise leave the stage training, then writing outputs after DVC has moved on."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
 
 
 def files_digest(*paths: str | Path) -> str:

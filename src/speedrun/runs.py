@@ -13,7 +13,7 @@ dies (PR_SET_PDEATHSIG), and writes only under its key: no stale run can reach o
 with run_threads 0 a stage trains its own run only, in its own process."""
 from __future__ import annotations
 
-import ctypes
+import fcntl
 import importlib
 import json
 import os
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import yaml
 
 from speedrun import params as params_lib
-from speedrun.common import files_digest, pick_device, read_json, runs_at_once, stable_hash, write_json
+from speedrun.common import die_with_parent, files_digest, pick_device, read_json, runs_at_once, stable_hash, write_json
 from speedrun.params import Params, StageView
 from speedrun.stage import reads_for, run_stage
 
@@ -76,10 +76,6 @@ def certainly_stale(key: str, io: SimpleNamespace) -> bool:
     return stamped is not None and stamped != key
 
 
-def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the runner dies, even by SIGKILL
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def start(cmd: list[str], log, main: Callable[[list[str]], None] | None = None) -> subprocess.Popen | Forked:
     """A run as a child the runner owns: in its process group, killed if the runner dies (Linux). With `main` (a
     stage's command line in this process, on Linux) the child is a fork of the runner that calls main(cmd[3:])
@@ -88,7 +84,7 @@ def start(cmd: list[str], log, main: Callable[[list[str]], None] | None = None) 
     linux = sys.platform.startswith("linux")
     if main is not None and linux:
         return Forked(main, cmd[3:], log)
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent if linux else None)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent if linux else None)
 
 
 class Forked:
@@ -103,9 +99,9 @@ class Forked:
         if self.pid == 0:
             code = 1
             try:
-                _die_with_parent()
-                if os.getppid() != parent:  # the runner died before the line above
+                if os.getppid() != parent:  # the runner died before the fork returned
                     os._exit(1)
+                die_with_parent()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.dup2(log.fileno(), 1)
                 os.dup2(log.fileno(), 2)
@@ -182,6 +178,26 @@ def install(key: str, entry: Path, io: SimpleNamespace) -> None:
     shutil.rmtree(entry)
 
 
+def hold_track(root: Path, stage: str):
+    """An exclusive lock on the track's scratch entries (scratch/runs/<stage>/.lock), held until this process and the
+    runs it forked have ended (the kernel drops it then, however they end). A second runner of the track refuses,
+    naming the first: two runners never train into, or remove, the same entries."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock = (root / ".lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        sys.exit(f"error: {stage}: {holder} is training this track's runs in {root}; wait for it to end, or stop it, "
+                 "then rerun")
+    lock.truncate(0)
+    lock.write(f"process {os.getpid()} ({' '.join(sys.argv)[:200]})")
+    lock.flush()
+    return lock
+
+
 def _passthrough(argv: list[str]) -> tuple[list[str], Path | None]:
     """The -S overrides (as `-S k=v` pairs) and --params of a command line: every run of the batch gets them."""
     sets, params, it = [], None, iter(argv)
@@ -224,6 +240,7 @@ def batch(stage: str, argv: list[str], spec: SimpleNamespace) -> None:
             train(view, io, **ids)
             write_json(io.metrics, {**read_json(io.metrics), "run_key": keys[own]})
             return
+        lock = hold_track(root, stage)  # noqa: F841  (held while this stage lives)
         jobs = []
         for run in pending:
             i, entry = runs[run][0], root / keys[run]

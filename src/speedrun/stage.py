@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from speedrun import params as params_lib
-from speedrun.common import keep_freed_memory
+from speedrun.common import die_with_parent, keep_freed_memory
 from speedrun.params import Params
 from speedrun.typer_app import new_app, run_app
 
@@ -134,6 +134,8 @@ def stage_command(main: Callable[..., None], reads: tuple[str, ...], paths: dict
 def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...], paths: dict[str, str | list | None],
               ids: dict[str, type] | None = None, argv: list[str] | None = None, name: str | None = None) -> None:
     """Run one stage's command line (argv, default sys.argv[1:]); `--help` adds the params.yaml keys it reads."""
+    if argv is None:  # a process of its own (`python -m stages.<name>`): it ends with what started it
+        die_with_parent()
     argv = sys.argv[1:] if argv is None else list(argv)
     name = name or (main.__module__.rsplit(".", 1)[-1])
     app = new_app()

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 import tiktoken
 
-from speedrun.common import read_json, write_json, write_text
+from speedrun.common import UserError, read_json, write_json, write_text
 
 # GPT-4 split pattern, with numbers grouped by at most two digits (small vocabularies waste less on them)
 SPLIT_PATTERN = (
@@ -121,7 +121,7 @@ def load(path: str | Path) -> Tokenizer:
             tok, rank = line.split()
             ranks[base64.b64decode(tok)] = int(rank)
         except ValueError as e:
-            raise ValueError(f"{path / RANKS_FILE} line {lineno}: expected '<base64> <rank>': {e}") from None
+            raise UserError(f"{path / RANKS_FILE} line {lineno}: expected '<base64> <rank>': {e}") from None
     meta = read_json(path / META_FILE)
     enc = tiktoken.Encoding(name="speedrun", pat_str=meta["pattern"], mergeable_ranks=ranks,
                             special_tokens=meta["special_tokens"])
@@ -129,7 +129,7 @@ def load(path: str | Path) -> Tokenizer:
     if meta.get("template", "lab") == "lab":
         return Tokenizer(enc, digest)
     if meta["template"] != "chatml":
-        raise ValueError(f"{path / META_FILE}: template {meta['template']!r} is not one the lab renders (lab, chatml)")
+        raise UserError(f"{path / META_FILE}: template {meta['template']!r} is not one the lab renders (lab, chatml)")
     return ChatMLTokenizer(enc, digest, meta["vocab_size"], meta["bos_id"], meta["unk_id"], meta["default_system"])
 
 
@@ -159,7 +159,7 @@ def checkpoint_encoding(name: str, tokens: list[str], specials: dict[str, int], 
         try:
             ranks[bytes(to_byte[ch] for ch in t)] = i
         except KeyError:
-            raise ValueError(f"{name}: token {i} {t!r} is not byte-level BPE (a character outside GPT-2's byte "
+            raise UserError(f"{name}: token {i} {t!r} is not byte-level BPE (a character outside GPT-2's byte "
                              "alphabet): only byte-level vocabularies are supported") from None
     extra = len(tokens)
     for b in range(256):

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from speedrun.engine import PrefixCache, left_pad, real_width
 from speedrun.shapes import round_up, width_step
+from speedrun.common import UserError
 
 
 def trunk_weights(model: nn.Module, blocks: int) -> dict[str, Tensor]:
@@ -35,7 +36,7 @@ def freeze_trunk(model: nn.Module, blocks: int, key: str = "frozen_blocks") -> N
     try:
         weights = trunk_weights(model, blocks)
     except ValueError as e:
-        raise ValueError(f"{key}={blocks}: {e}") from None
+        raise UserError(f"{key}={blocks}: {e}") from None
     for w in weights.values():
         w.requires_grad_(False)
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from speedrun.common import stable_seed
+from speedrun.common import UserError, stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
 from speedrun.train.data import read_tokens, windows
@@ -33,7 +33,7 @@ def corpus_windows(path: str | Path, tokenizer_digest: str, n: int) -> Tensor:
 def pick_windows(n_windows: int, rows: int, seed: int, *salt: object) -> Tensor:
     """`rows` distinct window indices, a seeded permutation's prefix."""
     if rows > n_windows:
-        raise ValueError(f"{rows} rows requested but the split has only {n_windows} windows: lower the row count")
+        raise UserError(f"{rows} rows requested but the split has only {n_windows} windows: lower the row count")
     g = torch.Generator().manual_seed(stable_seed(seed, *salt))
     return torch.randperm(n_windows, generator=g)[:rows]
 
@@ -99,14 +99,14 @@ def load_split(df: pd.DataFrame, n: int, name: str) -> tuple[Tensor, Tensor, Ten
     whose length, labels or K disagree raises, naming the file and the row."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{name}: missing columns {missing}")
+        raise UserError(f"{name}: missing columns {missing}")
     if len(df) == 0:
-        raise ValueError(f"{name}: no rows")
+        raise UserError(f"{name}: no rows")
     for i, (toks, labs, k) in enumerate(zip(df["tokens"], df["labels"], df["K"])):
         if len(toks) != n or len(labs) != n:
-            raise ValueError(f"{name} row {i}: {len(toks)} tokens / {len(labs)} labels, expected {n}")
+            raise UserError(f"{name} row {i}: {len(toks)} tokens / {len(labs)} labels, expected {n}")
         if not 0 <= k <= n or list(labs) != [1] * k + [0] * (n - k):
-            raise ValueError(f"{name} row {i}: labels do not mark exactly the first K={k} tokens as natural")
+            raise UserError(f"{name} row {i}: labels do not mark exactly the first K={k} tokens as natural")
     tokens = torch.from_numpy(np.stack(df["tokens"].tolist()).astype(np.int64)).view(len(df), n)
     labels = torch.from_numpy(np.stack(df["labels"].tolist()).astype(np.float32)).view(len(df), n)
     return tokens, labels, torch.tensor(df["K"].tolist(), dtype=torch.long), torch.tensor(df["pure"].tolist())

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
 from speedrun.adversarial import data as adv
-from speedrun.common import read_json, seed_everything, write_json
+from speedrun.common import read_json, read_parquet, seed_everything, write_json
 from speedrun.reward.discriminator import Discriminator, metrics, save_discriminator
 from speedrun.train.checkpoint import load_model
 from speedrun.train.data import StepSampler
@@ -35,7 +34,7 @@ def train_discriminator(init_dir: Path, data_dir: Path, tokenizer_dir: Path, cfg
     r = cfg
     tok = tokenizer_lib.load(tokenizer_dir)
     n = read_json(data_dir / "stats.json")["seq_len"]
-    split = {s: adv.load_split(pd.read_parquet(data_dir / f"{s}.parquet"), n, str(data_dir / f"{s}.parquet"))
+    split = {s: adv.load_split(read_parquet(data_dir / f"{s}.parquet"), n, str(data_dir / f"{s}.parquet"))
              for s in ("train", "val")}
     trunk, _ = load_model(init_dir, device, tok.digest)
     seed_everything(seed)

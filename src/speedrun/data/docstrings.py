@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedrun.common import stable_hash, stable_unit
+from speedrun.common import UserError, read_parquet, stable_hash, stable_unit
 from speedrun.data.stdlib import stdlib_dir, stdlib_files
 
 
@@ -96,7 +96,7 @@ def _pydoc_topics(root: Path) -> list[DocObject]:
                 for k, v in sorted(topics.items())
                 if v.strip()
             ]
-    raise ValueError(f"{path}: no `topics = {{...}}` dict found")
+    raise UserError(f"{path}: no `topics = {{...}}` dict found")
 
 
 def collect(root: Path | None = None) -> tuple[list[DocObject], dict[str, int]]:
@@ -140,15 +140,15 @@ def load_objects(path: Path) -> list[DocObject]:
     """The object table written by the corpus stage; a bad row is named."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no object table (the corpus stage writes it: dvc repro corpus)")
-    df = pd.read_parquet(path)
+    df = read_parquet(path)
     missing = [c for c in OBJECT_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing} (has {list(df.columns)})")
+        raise UserError(f"{path}: missing columns {missing} (has {list(df.columns)})")
     out = []
     for i, row in enumerate(df[OBJECT_COLUMNS].itertuples(index=False)):
         if not all(isinstance(v, str) for v in row):
-            raise ValueError(f"{path} row {i}: every column must be a string, got {tuple(row)!r:.200}")
+            raise UserError(f"{path} row {i}: every column must be a string, got {tuple(row)!r:.200}")
         out.append(DocObject(*row))
     if not out:
-        raise ValueError(f"{path}: no objects")
+        raise UserError(f"{path}: no objects")
     return out

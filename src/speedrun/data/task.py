@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedrun.common import SPLITS, require_unique, stable_hash, stable_unit
+from speedrun.common import SPLITS, UserError, read_parquet, require_unique, stable_hash, stable_unit
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -218,12 +218,10 @@ def items_frame(task_items: list[TaskItem]) -> "pd.DataFrame":  # noqa: F821
 
 def load_items(path: Path) -> list[TaskItem]:
     """The items of data/task/items.parquet, checked: known clusters, unique ids, at least MIN_ANSWERS answers."""
-    import pandas as pd
-
-    df = pd.read_parquet(path)
+    df = read_parquet(path)
     missing = {"prompt_id", "split", "group", "lo", "hi", "answers"} - set(df.columns)
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        raise UserError(f"{path}: missing columns {sorted(missing)}")
     require_unique(df["prompt_id"].tolist(), "prompt_id", path)
     out = []
     for row, r in enumerate(df.to_dict("records")):
@@ -231,10 +229,10 @@ def load_items(path: Path) -> list[TaskItem]:
         text, solution = r.get("text") or "", r.get("solution") or ""
         if text:  # a hub item: one right answer, which its solution ends in
             if r["split"] not in SPLITS or len(answers) != 1 or f"`{answers[0]}`" not in solution:
-                raise ValueError(f"{path} row {row} (item {r['prompt_id']}): a hub item needs split in {SPLITS} (got "
+                raise UserError(f"{path} row {row} (item {r['prompt_id']}): a hub item needs split in {SPLITS} (got "
                                  f"{r['split']!r}), one answer (got {len(answers)}) and a solution giving it")
         elif r["group"] not in TEMPLATES or r["split"] not in SPLITS or len(answers) < MIN_ANSWERS:
-            raise ValueError(f"{path} row {row} (item {r['prompt_id']}): cluster {r['group']!r} (one of "
+            raise UserError(f"{path} row {row} (item {r['prompt_id']}): cluster {r['group']!r} (one of "
                              f"{sorted(TEMPLATES)}), split {r['split']!r} (one of {SPLITS}), {len(answers)} answers "
                              f"(at least {MIN_ANSWERS})")
         out.append(TaskItem(r["prompt_id"], r["group"], str(r["lo"]), str(r["hi"]), answers, r["split"], text,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from speedrun.common import stable_hash, stable_seed
+from speedrun.common import UserError, stable_hash, stable_seed
 from speedrun.eval import diversity as dv
 from speedrun.eval import stats
 from speedrun.eval.pool import Pool, draw_cells
@@ -101,19 +101,19 @@ def verdict(good: str, ci_low: float, ci_high: float) -> str | None:
 def _validate(samples: pd.DataFrame, where: str) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in samples.columns]
     if missing:
-        raise ValueError(f"{where}: missing columns {missing} (has {list(samples.columns)})")
+        raise UserError(f"{where}: missing columns {missing} (has {list(samples.columns)})")
     if samples.empty:
-        raise ValueError(f"{where}: no rows")
+        raise UserError(f"{where}: no rows")
     for i, (text, reward) in enumerate(zip(samples["text"], samples["reward"])):
         if not isinstance(text, str):
-            raise ValueError(f"{where} row {i}: text is {type(text).__name__}, not str")
+            raise UserError(f"{where} row {i}: text is {type(text).__name__}, not str")
         if not isinstance(reward, (int, float, np.number)) or not np.isfinite(reward):
-            raise ValueError(f"{where} row {i}: reward is {reward!r}, not a finite number")
+            raise UserError(f"{where} row {i}: reward is {reward!r}, not a finite number")
     keys = ["model", "prompt_id", "seed", "sample_idx"]
     dup = samples.duplicated(keys, keep="first").to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        raise ValueError(f"{where} row {i}: duplicate {dict(samples.iloc[i][keys])}")
+        raise UserError(f"{where} row {i}: duplicate {dict(samples.iloc[i][keys])}")
     df = samples[list(COLUMNS) + [c for c in samples.columns if c not in COLUMNS]].copy()
     df["prompt_id"] = df["prompt_id"].astype(str)
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
@@ -126,13 +126,13 @@ def _check(df: pd.DataFrame, variants: dict[str, list[str]], comparisons: list[t
     for a, b in comparisons:
         for v in (a, b):
             if v not in variants:
-                raise ValueError(f"{where}: comparison ({a}, {b}): variant {v!r} not in {sorted(variants)}")
+                raise UserError(f"{where}: comparison ({a}, {b}): variant {v!r} not in {sorted(variants)}")
     for v, runs in variants.items():
         if not runs:
-            raise ValueError(f"{where}: variant {v!r} has no runs")
+            raise UserError(f"{where}: variant {v!r} has no runs")
         for name in runs:
             if name not in models:
-                raise ValueError(f"{where}: model {name!r} of variant {v!r} not found (models: {models})")
+                raise UserError(f"{where}: model {name!r} of variant {v!r} not found (models: {models})")
     unknown = [n for n in primary if n not in METRIC_BY_NAME or METRIC_BY_NAME[n].good == "neutral"]
     if unknown:
         raise ValueError(f"primary metrics {unknown}: not metrics with a direction ({[m.name for m in METRICS]})")
@@ -149,11 +149,11 @@ def _pools(df: pd.DataFrame, order: list[str], reference: str | None, ead_vocab_
         keys = frames[m][["prompt_id", "seed", "sample_idx"]]
         if len(keys) != len(keys0) or not (keys.to_numpy() == keys0.to_numpy()).all():
             diff = set(map(tuple, keys.to_numpy().tolist())) ^ set(map(tuple, keys0.to_numpy().tolist()))
-            raise ValueError(f"{where}: model {m!r} and {first!r} differ in (prompt_id, seed, sample_idx) rows, "
+            raise UserError(f"{where}: model {m!r} and {first!r} differ in (prompt_id, seed, sample_idx) rows, "
                              f"e.g. {sorted(diff, key=str)[:3]}: the comparison is paired")
     cell_sizes = keys0.groupby(["prompt_id", "seed"]).size()
     if cell_sizes.min() < 2:
-        raise ValueError(f"{where}: (prompt_id, seed) {cell_sizes.idxmin()} has {cell_sizes.min()} sample; "
+        raise UserError(f"{where}: (prompt_id, seed) {cell_sizes.idxmin()} has {cell_sizes.min()} sample; "
                          "within-prompt diversity needs at least 2 samples per prompt and seed")
     toks = [dv.words(t) for m in order for t in frames[m]["text"]]
     enc = dv.encode(toks, N_MAX)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
+from speedrun.common import UserError
 
 MODULES = ["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
            "sentence_transformers.models.Normalize"]
@@ -27,7 +28,7 @@ class MiniLM:
         cfg, pooling = read("config.json"), read("1_Pooling/config.json")
         if [m["type"] for m in read("modules.json")] != MODULES or not pooling["pooling_mode_mean_tokens"] or \
                 cfg["hidden_act"] != "gelu" or cfg["position_embedding_type"] != "absolute":
-            raise ValueError(f"{path}: not a mean-pooled, normalised BERT encoder with GELU and absolute positions")
+            raise UserError(f"{path}: not a mean-pooled, normalised BERT encoder with GELU and absolute positions")
         self.heads, self.layers, self.eps = cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg["layer_norm_eps"]
         self.w = {k: v.to(device) for k, v in load_file(path / "model.safetensors").items()}
         self.tok = Tokenizer.from_file(str(path / "tokenizer.json"))

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from speedrun.common import files_digest, stable_hash, stable_seed, write_parquet
+from speedrun.common import UserError, files_digest, read_parquet, stable_hash, stable_seed, write_parquet
 from speedrun.engine import completion_texts, generate, left_pad
 from speedrun.model import GPT
 from speedrun.progress import Progress
@@ -29,11 +29,11 @@ def reference_token_ids(pairs_path: Path, tok: Tokenizer, prompt_ids: list[str],
                         max_len: int) -> tuple[list[list[int]], list[int]]:
     """Prompt + reference answer ids per eval prompt (the answer of its first pair by id), cut to max_len, and
     each row's prompt length: the rows response_logprob scores."""
-    rows = pd.read_parquet(pairs_path).to_dict("records")
+    rows = read_parquet(pairs_path).to_dict("records")
     refs = {r["prompt_id"]: r for r in reference_answers(rows, str(pairs_path))}
     missing = [p for p in prompt_ids if p not in refs]
     if missing:
-        raise ValueError(f"{pairs_path}: no reference answer for eval prompt(s) {missing[:3]}")
+        raise UserError(f"{pairs_path}: no reference answer for eval prompt(s) {missing[:3]}")
     rows = [fit(p, tok.encode(refs[pid]["chosen"]) + [tok.assistant_end_id], max_len)[0]
             for pid, p in zip(prompt_ids, ids)]
     return rows, [len(p) for p in ids]
@@ -146,7 +146,7 @@ def sample_models(models: dict[str, Path], tok: Tokenizer, rm: RewardModel, prom
     for name, ckpt in models.items():
         done = resume_file(resume, fingerprint, name, ckpt, temperature, pairs_path is not None)
         if done is not None and done.exists():
-            rows += pd.read_parquet(done).to_dict("records")
+            rows += read_parquet(done).to_dict("records")
             bar.update(1)
             bar.log(f"eval: {name} read back from {done} (sampled before the last run stopped)")
             continue

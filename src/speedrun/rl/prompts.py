@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from speedrun.common import chat_messages, require_unique, stable_seed
+from speedrun.common import UserError, chat_messages, read_parquet, require_unique, stable_seed
 from speedrun.config import DensityConfig
 from speedrun.progress import Progress
 from speedrun.rl.controls import balanced_weights
@@ -20,15 +20,15 @@ from speedrun.train.distributed import Dist
 def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) -> tuple[pd.DataFrame, list[list[int]]]:
     """Rows of prompts.parquet with split == `split`, and their chat-rendered ids in at most max_prompt_len tokens
     (speedrun.tokenizer.cut_prompt; how many were cut is printed)."""
-    df = pd.read_parquet(path)
+    df = read_parquet(path)
     missing = {"prompt_id", "prompt", "split", "group"} - set(df.columns)
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        raise UserError(f"{path}: missing columns {sorted(missing)}")
     require_unique(df["prompt_id"].tolist(), "prompt_id", path)
     rows = [i for i, s in enumerate(df["split"]) if s == split]  # the file's row numbers, for messages
     total, df = len(df), df[df["split"] == split].reset_index(drop=True)
     if df.empty:
-        raise ValueError(f"{path}: no prompts with split == {split!r}")
+        raise UserError(f"{path}: no prompts with split == {split!r}")
     print(f"{path}: {len(df):,} {split} prompts of {total:,} rows read", flush=True)
     ids, cut = [], 0
     with Progress(len(df), f"{path}: tokenising", unit="prompt", every=30.0, enabled=False) as bar:
@@ -37,7 +37,7 @@ def load_prompts(path: Path, tok: Tokenizer, split: str, max_prompt_len: int) ->
             try:
                 rendered = tok.render_prompt(msgs)
             except ValueError as e:
-                raise ValueError(f"{path} prompt {df['prompt_id'][i]}: {e}") from None
+                raise UserError(f"{path} prompt {df['prompt_id'][i]}: {e}") from None
             ids.append(cut_prompt(rendered, max_prompt_len))
             cut += len(rendered) > max_prompt_len
             bar.update(1)
@@ -86,7 +86,7 @@ def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]],
         return balanced_weights(groups)
     if variant == "density":
         if 0 < density.max_prompts < len(ids):
-            raise ValueError(f"{where}.max_prompts: {len(ids):,} train prompts for the density weights, above the "
+            raise UserError(f"{where}.max_prompts: {len(ids):,} train prompts for the density weights, above the "
                              f"limit of {density.max_prompts:,}: the k-NN's time grows as N^2 (539,200 prompts took "
                              f"about 227 minutes on a 2-core CPU). Raise {where}.max_prompts, or draw a pool of "
                              f"fewer prompts (the track's train.pool)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from speedrun.common import read_json, torch_load, torch_save, write_json
+from speedrun.common import UserError, read_json, torch_load, torch_save, write_json
 from speedrun.llama import Llama, LlamaConfig
 from speedrun.model import GPT, GPTConfig
 
@@ -28,7 +28,7 @@ def model_config(meta: dict, where: Path | str) -> Config:
     """The config a checkpoint's meta.json records (no "arch": the lab's GPT, as every checkpoint before it)."""
     name = meta.get("arch", "gpt")
     if name not in ARCHS:
-        raise ValueError(f"{where}: arch {name!r} is not one the lab builds ({sorted(ARCHS)})")
+        raise UserError(f"{where}: arch {name!r} is not one the lab builds ({sorted(ARCHS)})")
     return ARCHS[name][1](**meta["config"])
 
 
@@ -50,7 +50,7 @@ def context_length(value: int, ckpt_dir: Path, reserve: int = 0, key: str = "max
         return value
     seq_len = load_meta(ckpt_dir)["config"]["seq_len"]
     if seq_len - reserve < 3:
-        raise ValueError(f"{key} 0: the model's context ({seq_len} tokens, {ckpt_dir}) less the {reserve} generated "
+        raise UserError(f"{key} 0: the model's context ({seq_len} tokens, {ckpt_dir}) less the {reserve} generated "
                          f"after the prompt leaves {seq_len - reserve}: set {key}")
     return seq_len - reserve
 
@@ -61,7 +61,7 @@ def load_model(ckpt_dir: Path, device: str = "cpu", tokenizer_digest: str | None
     tokenizer it was trained with."""
     meta = load_meta(ckpt_dir)
     if tokenizer_digest and meta.get("tokenizer") not in (None, tokenizer_digest):
-        raise ValueError(f"{ckpt_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
+        raise UserError(f"{ckpt_dir}: trained with tokenizer {meta['tokenizer']}, not {tokenizer_digest}")
     model = build(model_config(meta, Path(ckpt_dir) / "meta.json"))
     model.load_state_dict(torch_load(Path(ckpt_dir) / "model.pt"))
     return model.to(device).eval(), meta

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speedrun.common import atomic_write, read_json, stable_seed, write_json
+from speedrun.common import UserError, atomic_write, read_json, stable_seed, write_json
 from speedrun.tokenizer import Tokenizer
 
 
@@ -47,11 +47,11 @@ def read_tokens(path: str | Path, tokenizer_digest: str) -> torch.Tensor:
     meta = Path(path).parent / "meta.json"
     made_by = read_json(meta).get("tokenizer") if meta.is_file() else None
     if made_by != tokenizer_digest:
-        raise ValueError(f"{path}: packed by tokenizer {made_by} ({meta}), not by the one loaded ({tokenizer_digest}): "
+        raise UserError(f"{path}: packed by tokenizer {made_by} ({meta}), not by the one loaded ({tokenizer_digest}): "
                          "rerun the tokenizer stage")
     size = os.path.getsize(path)
     if size % 4:
-        raise ValueError(f"{path}: {size} bytes is not a whole number of int32 tokens (a truncated file?)")
+        raise UserError(f"{path}: {size} bytes is not a whole number of int32 tokens (a truncated file?)")
     if size == 0:
         return torch.zeros(0, dtype=torch.int32)
     return torch.from_numpy(np.memmap(path, dtype=np.int32, mode="c"))
