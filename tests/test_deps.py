@@ -181,3 +181,13 @@ def test_a_queued_experiment_runs_and_hashes_the_code_it_was_queued_with(tmp_pat
                                          text=True, check=True).stdout)
     deps = {d["path"]: d["md5"] for d in lock["stages"]["preflight"]["deps"]}
     assert deps["src/speedrun/stage.py"] == queued_md5
+
+
+def test_the_library_imports_down_its_floors():
+    """rl/ (training) imports nothing from eval/ (reading models): what both use, the prompt embeddings and their
+    sentence encoder, lives a floor down (speedrun.embeddings, speedrun.minilm)."""
+    up = [f"{f.relative_to(REPO)} imports {g.relative_to(REPO)}" for f in sorted((SRC / "speedrun" / "rl").glob("*.py"))
+          for g in imported_files(f) if (SRC / "speedrun" / "eval") in g.parents]
+    down = [f"{g.relative_to(REPO)} imports {f.relative_to(REPO)}" for g in (SRC / "speedrun" / "embeddings.py",
+            SRC / "speedrun" / "minilm.py") for f in imported_files(g) if f.parent != SRC / "speedrun"]
+    assert not up and not down, up + down

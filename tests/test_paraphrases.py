@@ -11,7 +11,7 @@ from speedrun.data import task
 from speedrun.data.paraphrases import HELD_OUT, NOUNS, PARAPHRASES, leaks, nearest_share, template_words, words
 from speedrun.eval.task_report import PARAPHRASE_BAR
 from speedrun.params import load
-from speedrun.rl.prompts import prompt_embeddings
+from speedrun.embeddings import prompt_embeddings
 
 
 @pytest.fixture(scope="module")

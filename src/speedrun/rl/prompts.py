@@ -10,8 +10,8 @@ from speedrun.common import UserError, chat_messages, read_parquet, require_uniq
 from speedrun.config import DensityConfig
 from speedrun.progress import Progress
 from speedrun.rl.controls import balanced_weights
-from speedrun.eval.semantic import sentence_embeddings
-from speedrun.rl.density import embed_prompts, name_embeddings, prompt_weights, word_embeddings
+from speedrun.embeddings import prompt_embeddings
+from speedrun.rl.density import prompt_weights
 from speedrun.tokenizer import Tokenizer, cut_prompt
 from speedrun.train import distributed
 from speedrun.train.distributed import Dist
@@ -55,18 +55,6 @@ def pool_subset(df: pd.DataFrame, ids: list[list[int]], pool: int) -> tuple[pd.D
     order = torch.randperm(len(ids), generator=torch.Generator().manual_seed(stable_seed("pool")))
     keep = sorted(order[:pool].tolist())
     return df.iloc[keep].reset_index(drop=True), [ids[i] for i in keep]
-
-
-def prompt_embeddings(embedding: str, model: torch.nn.Module | None, ids: list[list[int]], texts: list[str],
-                      device: str) -> torch.Tensor:
-    """The prompts' unit embeddings in density.embedding's space (speedrun.rl.density)."""
-    if embedding == "words":
-        return word_embeddings(texts)
-    if embedding == "names":
-        return name_embeddings(texts)
-    if embedding in ("minilm", "minilm_kind"):
-        return sentence_embeddings(texts, "kind" if embedding == "minilm_kind" else "text")
-    return embed_prompts(model, ids, 64, device, embedding.removeprefix("sft_"))  # the SFT model's hidden states
 
 
 def sampling_weights(variant: str, model: torch.nn.Module, ids: list[list[int]], texts: list[str],
