@@ -292,8 +292,9 @@ def _killed_stages_leave_nothing_behind(repo: Path) -> None:
                               (shell(by_hand), forks, "grpo@density-1"),
                               (dvc_repro + ["task_eval"], evaluated, "task_eval"),
                               (shell("speedrun task_eval"), evaluated, "task_eval")):
-        if ready is forks:
-            shutil.rmtree(repo / "outs/grpo/baseline_s1")  # stale: the runner trains it beside density_s1
+        if ready is forks:  # baseline_s1 stale, and no trained copy of it waiting in scratch/: the runner trains
+            shutil.rmtree(repo / "outs/grpo/baseline_s1")  # it beside density_s1
+            shutil.rmtree(repo / "scratch/runs", ignore_errors=True)
         _kill_mid_run(repo, cmd, ready)
         dvc(repo, "repro", "-f", "-s", stage)
         dvc(repo, "repro")
