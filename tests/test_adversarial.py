@@ -159,6 +159,7 @@ def test_grpo_reward_cuts_completions_at_n_tokens(split_windows):
         assert row["completion_len"] == want and row["reward_mean"] == pytest.approx(0.5)  # zero-init head
 
 
+@pytest.mark.slow
 def test_stages_end_to_end_and_deterministic(tiny_corpus, tmp_path):
     tok = tokenizer_lib.load(tiny_corpus / "tokenizer")
     policy = tiny_gpt(tok.vocab_size, 1)

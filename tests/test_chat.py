@@ -36,6 +36,7 @@ def run_chat(tiny_corpus, *args, stdin: str = "") -> subprocess.CompletedProcess
                           env=dict(os.environ, _TYPER_STANDARD_TRACEBACK="1", COLUMNS="200"))
 
 
+@pytest.mark.slow
 def test_one_shot_is_deterministic_per_seed_and_models_answer_side_by_side(tiny_corpus, ckpts):
     root, tok = ckpts
     args = ["--model", str(root / "sft"), "--prompt", "What is the json module for?", "--max-tokens", "12"]
@@ -71,6 +72,7 @@ def test_streamed_pieces_add_up_to_the_answer_and_raw_models_continue_text(tiny_
     assert chat.load_bot(root / "pre", tok, "cpu", template="chat").template == "chat"
 
 
+@pytest.mark.slow
 def test_errors_name_the_problem(tiny_corpus, ckpts, tmp_path):
     root, _ = ckpts
     missing = run_chat(tiny_corpus, "--model", str(tmp_path / "nope"), "--prompt", "hi")

@@ -18,10 +18,22 @@ def test_help_lists_every_stage_of_the_dag_in_order_one_line_each():
     listed = [m.group(1) for m in re.finditer(r"^  (\w+)\s{2,}\S", res.output, re.M)]
     assert listed == list(cli.STAGES)
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    assert {name for name in stages} == set(cli.STAGES)  # every DVC stage is a command, and no command is extra
+    assert list(stages) == list(cli.STAGES)  # every DVC stage is a command, in dvc.yaml's order, and none is extra
     for name, spec in stages.items():
         assert spec.get("do", spec)["cmd"].split()[:2] == ["speedrun", name], spec
     assert all(cli.summary(name) and len(cli.summary(name)) < 200 for name in cli.STAGES)
+
+
+def test_the_tracks_come_in_one_order_everywhere():
+    """The lab's own model, the task track, the chat track, the adversarial cycle: in `speedrun --help` (and
+    dvc.yaml, above), the README's DAG table and params.yaml's sections."""
+    readme = (REPO / "README.md").read_text().split("## The DAG", 1)[1].split("\n## ", 1)[0]
+    rows = [n for line in readme.splitlines() if line.startswith("| `") for n in re.findall(r"`(\w+)", line)[:1]]
+    firsts = [s for s in cli.STAGES if s in rows]
+    assert [r for r in rows if r in cli.STAGES] == firsts == sorted(firsts, key=cli.STAGES.index)
+    sections = list(yaml.safe_load((REPO / "params.yaml").read_text()))
+    assert sections.index("sft") < sections.index("task") < sections.index("pairs") < sections.index("grpo") \
+        < sections.index("adversarial")
 
 
 def test_a_stage_help_lists_its_keys_by_section_with_value_and_help(monkeypatch):

@@ -45,6 +45,7 @@ def test_build_counts_every_document():
     assert frames["train"]["text"].tolist() == ["a"] and frames["val"]["text"].tolist() == ["b"]
 
 
+@pytest.mark.slow
 def test_embedded_stage_is_deterministic(tmp_path):
     a = run_stage(tmp_path / "a", "-S", "corpus.max_docs=400")
     run_stage(tmp_path / "b", "-S", "corpus.max_docs=400")
@@ -56,6 +57,7 @@ def test_embedded_stage_is_deterministic(tmp_path):
     assert not set(train["id"]) & set(val["id"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["parquet_dir", "jsonl_file"])
 def test_hf_source_on_local_mirror(tmp_path, fmt):
     texts = ["First document about bees.", "", "   ", "First document about bees.", None,
@@ -84,6 +86,7 @@ def test_hf_missing_column_names_file_and_row(tmp_path):
         list(corpus.hf_docs(str(path), None, "train", "text", 10, 0.1))
 
 
+@pytest.mark.slow
 def test_hub_stream_shuffles_stably(tmp_path):
     """A seeded streaming shuffle: the same rows in the same order on every read, not the files' order, another
     order for another seed; every row once when all are read."""

@@ -252,6 +252,7 @@ def dense_bags(bags: list[list[str]], dim: int, weight) -> torch.Tensor:
     return out / out.norm(dim=1, keepdim=True)
 
 
+@pytest.mark.slow
 def test_sparse_bags_equal_the_dense_ones_they_replaced(objects_path):
     """On the embedded prompt set (and the task's phrasings) the sparse words / names embeddings hold the dense
     matrices' exact numbers, and the density weights computed from them are bitwise the dense ones; memory is the

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
+import pytest
 
 from conftest import REPO
 
@@ -158,6 +159,7 @@ def test_the_speedrun_command_runs_the_library_of_the_checkout_it_starts_in(tmp_
     assert out.stdout.split()[:2] == ["the", "copy"] and str(tmp_path) in out.stdout, out.stdout
 
 
+@pytest.mark.slow
 def test_a_queued_experiment_runs_and_hashes_the_code_it_was_queued_with(tmp_path):
     """`dvc exp run --queue`, then an edit to the workspace's src/ before `dvc queue start`: the queued stage runs the
     code committed with it (its own copy's), and the experiment's dvc.lock holds that code's md5."""

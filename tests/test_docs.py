@@ -26,3 +26,14 @@ def test_log_is_dated_newest_first_and_links_every_experiment():
     for folder in sorted((REPO / "reports/experiments").iterdir()):
         if kept.exists(folder / "metrics"):  # a folder, or members of its results.zip
             assert f"reports/experiments/{folder.name})" in text, f"no LOG entry links {folder.name}"
+
+
+def test_the_readme_map_names_every_module():
+    """The README's map names each module of src/speedrun (a file, or its package's folder): a new file joins it."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## What is where", 1)[1].split("## ", 1)[0]
+    src = REPO / "src" / "speedrun"
+    names = [f.name for f in src.glob("*.py") if f.name not in ("__init__.py", "__main__.py")]
+    names += [f"{d.name}/" for d in src.iterdir() if (d / "__init__.py").is_file()]
+    missing = [n for n in sorted(names) if n not in block]
+    assert not missing, f"README's map misses {missing}"

@@ -29,6 +29,7 @@ def onpolicy_out(tiny_corpus, rm_inputs, tmp_path_factory):  # noqa: F811
     return out
 
 
+@pytest.mark.slow
 def test_stage_schema_ids_and_byte_identical_rerun(tiny_corpus, rm_inputs, onpolicy_out, tmp_path):  # noqa: F811
     root, tok = rm_inputs
     (tmp_path / "a").symlink_to(onpolicy_out)
@@ -78,6 +79,7 @@ def test_a_prompts_samples_depend_on_its_id_only(tiny_corpus, rm_inputs):  # noq
     assert other_seed != some
 
 
+@pytest.mark.slow
 def test_rm_trains_on_the_union_scoring_the_sampled_ids(tiny_corpus, rm_inputs, onpolicy_out,  # noqa: F811
                                                         tmp_path):
     root, tok = rm_inputs
@@ -140,6 +142,7 @@ def test_best_checkpoint_is_the_lowest_trained_loss_whatever_min_delta():
     assert res.best_eval["step"] == 2
 
 
+@pytest.mark.slow
 def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_path):  # noqa: F811
     from speedrun.model import GPT, GPTConfig
     from speedrun.reward.discriminator import Discriminator, save_discriminator

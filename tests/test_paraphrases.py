@@ -32,6 +32,7 @@ def test_paraphrases_use_no_template_word_and_no_cluster_noun():
                 assert not [w for w in words(t) if leaks(w, banned)], (cluster, t)
 
 
+@pytest.mark.slow
 def test_the_default_embedding_places_paraphrases_better_than_the_lexical_one_and_the_run_reports_it(train):
     """Over the four clusters the default task embedding (params.yaml task.density.embedding) puts the paraphrases
     beside their own cluster's train prompts more often than the lexical embedding (words), whose only shared words

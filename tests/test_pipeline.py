@@ -59,6 +59,7 @@ MICRO_DAG = {
 LLAMA_LENGTHS = ["-S", "task.sft.max_len=128", "-S", "task.rm.max_len=128", "-S", "task.train.max_prompt_len=96"]
 
 
+@pytest.mark.slow
 def test_tokenizer_stages_cache_and_rerun(tmp_path):
     repo = make_pipeline_repo(tmp_path, MICRO)
     out = dvc(repo, "repro", "tokenizer")

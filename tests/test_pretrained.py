@@ -177,6 +177,7 @@ def smollm2_path() -> Path:
     return wheel_checkpoint("smollm2-135m")
 
 
+@pytest.mark.slow
 def test_smollm2_logits_and_tokens_match_the_references():
     """The real checkpoint: logits as transformers computes them from the same GGUF (fp32, a 40-token chat), ids as
     the reference tokenizer gives them over the repository's prose (213 k characters). transformers' own GGUF
@@ -199,6 +200,7 @@ def test_smollm2_logits_and_tokens_match_the_references():
                                    atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_bad_checkpoint_stops_the_base_stage_with_one_line_naming_it(tmp_path):
     """A truncated, empty or foreign GGUF file, one of another architecture, an HF folder short of a file: the base
     stage prints one `error:` line naming the file and what is wrong, no traceback, and writes nothing."""

@@ -1,6 +1,7 @@
 """A run moves between machines through a DVC remote: push from one clone, pull into another, no stage reruns."""
 import hashlib
 import subprocess
+import pytest
 
 from conftest import dvc, git, make_pipeline_repo
 
@@ -12,6 +13,7 @@ def digests(repo):
     return {a: hashlib.sha256((repo / a).read_bytes()).hexdigest() for a in ARTIFACTS}
 
 
+@pytest.mark.slow
 def test_push_from_one_clone_pull_into_another(tmp_path):
     (tmp_path / "node").mkdir()
     node = make_pipeline_repo(tmp_path / "node", MICRO)

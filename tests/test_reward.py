@@ -264,6 +264,7 @@ def test_a_long_prompt_is_cut_as_grpo_cuts_it_counted_not_skipped(rm_inputs):
     assert torch.allclose(by_msgs, by_ids, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_path):
     root, tok = rm_inputs
     out = run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "a"))

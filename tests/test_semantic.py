@@ -48,6 +48,7 @@ def perturbed(sentences: list[str], rate: float, answers: int, seed: int) -> pd.
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_the_encoder_orders_a_known_perturbation_of_real_sentences(objects_path):
     encoder = embeddings.load_encoder("cpu")  # the bundled weights, checked against the hub's sha256
     docs = pd.read_parquet(objects_path)["docstring"]

@@ -54,6 +54,7 @@ def smol(tmp_path_factory):
     return root, mirrors.write_smoltalk(root)
 
 
+@pytest.mark.slow
 def test_hf_conversations_from_a_local_mirror(smol):
     root, rows = smol
     convs, skipped = sft.hf_conversations(str(root), "all", "train", max_rows=1000)

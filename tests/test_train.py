@@ -76,6 +76,7 @@ DTYPES = ["fp32", pytest.param("bf16", marks=pytest.mark.skipif(not HAS_BF16, re
                                                                 "AVX512-BF16/AMX: bf16 would be emulated, not tested"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path, dtype):
     steps = sets("pretrain.steps=40", "pretrain.save_every=4", "pretrain.eval_every=8", f"compute.dtype={dtype}")
@@ -94,6 +95,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tiny_corpus, tmp_path, d
     assert not resume.exists()  # a finished run leaves no resume state behind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ddp_two_processes_match_one(tiny_corpus, tmp_path, dtype):
     steps = sets("pretrain.steps=3", "pretrain.eval_every=3", "pretrain.save_every=0", f"compute.dtype={dtype}")
@@ -157,6 +159,7 @@ def test_resume_file_holds_no_copy_of_the_best_weights(tmp_path):
     assert list(path.parent.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_changed_setting_never_resumes_the_old_run(tiny_corpus, tmp_path):
     """Kill a run, change a setting (one the old fingerprint left out: the data's max length would do), rerun:
     it trains from the start under the new value, not from the old run's state."""
@@ -271,6 +274,7 @@ def test_muon_takes_the_block_matrices_and_resumes_exactly(tmp_path):
     assert not torch.equal(straight[name], fresh()[0].state_dict()[name])
 
 
+@pytest.mark.slow
 def test_compiled_training_is_byte_identical_across_runs_and_close_to_eager(tiny_corpus, tmp_path):
     """compute.compile: two compiled runs, the first compiling from an empty inductor cache and the second from
     its cache, write the same bytes; the weights agree with the eager run's up to float rounding (fp32)."""

@@ -15,9 +15,10 @@ import yaml
 
 from speedrun.typer_app import FAILURE_HELP
 
-STAGES = ("preflight", "corpus", "tokenizer", "pretrain", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs",
-          "train_rm", "grpo", "eval_diversity", "task_data", "task_base", "task_sft", "task_rm", "task_grpo",
-          "task_eval", "adv_data", "adv_rm", "adv_grpo", "adv_eval")
+STAGES = ("preflight", "corpus", "tokenizer", "pretrain", "sft",  # the lab's own model
+          "task_data", "task_base", "task_sft", "task_rm", "task_grpo", "task_eval",  # the task track
+          "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm", "grpo", "eval_diversity",  # the chat track
+          "adv_data", "adv_rm", "adv_grpo", "adv_eval")  # the adversarial cycle
 
 app = typer.Typer(help=__doc__, epilog=FAILURE_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False, context_settings={"max_content_width": 120})
