@@ -3,7 +3,7 @@
 import pandas as pd
 import pyarrow.parquet as pq
 
-from speedrun.common import require_values, write_json, write_parquet, write_table, write_text
+from speedrun.common import UserError, require_values, write_json, write_parquet, write_table, write_text
 from speedrun.data import prompts
 from speedrun.embeddings import word_embeddings
 from speedrun.rl.density import cluster_labels
@@ -33,7 +33,7 @@ def main(p, io) -> None:
     try:
         table = pq.read_table(io.pairs)
     except Exception as e:
-        raise RuntimeError(f"cannot read pairs file {io.pairs}: {e}") from e
+        raise UserError(f"cannot read pairs file {io.pairs}: {e}") from e
     require_values(table, ("id", "src", "group", "prompt", "chosen", "rejected"), io.pairs)
     uniq, pairs_out, id_map, stats = prompts.build(table, p.corpus.val_frac, c.eval_frac, c.near_dup_threshold,
                                                    c.shingle_size, str(io.pairs))

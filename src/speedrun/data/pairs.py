@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speedrun.common import atomic_write, normalize_text, stable_hash
+from speedrun.common import UserError, atomic_write, normalize_text, stable_hash
 from speedrun.data.corpus import clean_text
 from speedrun.data.prompts import canonical_prompt
 
@@ -98,7 +98,7 @@ def hub_rows(src: str, path: str, split: str, data_dir: str | None = None) -> It
         for row in load_dataset(path, data_dir=data_dir, split=split, streaming=True):
             yield split, row
     except Exception as e:
-        raise RuntimeError(f"{src}: cannot read {_files(path, data_dir, split)}: {type(e).__name__}: {e}") from e
+        raise UserError(f"{src}: cannot read {_files(path, data_dir, split)}: {type(e).__name__}: {e}") from e
 
 
 def _files(path: str, data_dir: str | None, split: str) -> str:

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from speedrun.common import normalize_text, stable_hash
+from speedrun.common import UserError, normalize_text, stable_hash
 from speedrun.data.pairs import Skip, Source, hub_rows, make_pair, round_robin, text
 
 HUB_ID = "HuggingFaceH4/stack-exchange-preferences"
@@ -153,7 +153,7 @@ def sites(path: str) -> list[str]:
 
         return sorted(Path(f).name for f in HfFileSystem().ls(f"datasets/{path}/data", detail=False))
     except Exception as e:
-        raise RuntimeError(f"se: cannot list the sites under {path}/data: {type(e).__name__}: {e}") from e
+        raise UserError(f"se: cannot list the sites under {path}/data: {type(e).__name__}: {e}") from e
 
 
 def source(path: str = HUB_ID, max_pairs: int = 10, data_dir: str | None = None) -> Source:
@@ -162,7 +162,7 @@ def source(path: str = HUB_ID, max_pairs: int = 10, data_dir: str | None = None)
     answers_skipped: Counter = Counter()
     names = [data_dir] if data_dir else [f"data/{site}" for site in sites(path)]
     if not names:
-        raise RuntimeError(f"se: no site folders with parquet files under {path}/data")
+        raise UserError(f"se: no site folders with parquet files under {path}/data")
     extra = {"path": path, "data_dir": data_dir, "sites": len(names), "max_pairs_per_question": max_pairs,
              "answers_skipped": answers_skipped}
     rows = round_robin([hub_rows("se", path, "train", data_dir=d) for d in names])

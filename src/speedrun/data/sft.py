@@ -15,6 +15,7 @@ from speedrun.data.corpus import clean_text
 from speedrun.data import gold, hub
 from speedrun.data.docstrings import DocObject, heldout_split, load_objects
 from speedrun.data.questions import answerable, questions
+from speedrun.common import UserError
 
 
 @lru_cache(maxsize=1)
@@ -102,5 +103,5 @@ def hf_conversations(path: str, name: str | None, split: str, max_rows: int, mes
     except KeyError:
         raise
     except Exception as e:
-        raise RuntimeError(f"cannot read {path} (config {name}, split {split}): {type(e).__name__}: {e}") from e
+        raise UserError(f"cannot read {path} (config {name}, split {split}): {type(e).__name__}: {e}") from e
     return convs, dict(sorted(skipped.items()))
