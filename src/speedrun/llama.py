@@ -1,5 +1,6 @@
-"""A Llama-family decoder (SmolLM2, Llama 2/3, Qwen2-free variants without biases): RMSNorm with weights,
-grouped-query attention, SwiGLU, rotary positions with the checkpoint's theta, tied or untied embeddings.
+"""A Llama-family decoder (SmolLM2, Llama 2/3, Qwen2, Qwen3): RMSNorm with weights, grouped-query attention,
+SwiGLU, rotary positions with the checkpoint's theta, tied or untied embeddings; Qwen2's biased query, key and value
+projections, Qwen3's per-head query and key norms and its head width apart from width / heads.
 
 It keeps the GPT's interface (speedrun.model): hidden() over training, padded and KV-cache batches through the same
 attention_inputs, logits() in fp32, decode_step() for the engine's captured decode, so the engine's sampling and
@@ -30,15 +31,18 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     tied: bool = True  # the lm head is the token embedding
     seq_len: int = 2048  # the context the checkpoint was trained on (rotary angles go past it)
+    qkv_bias: bool = False  # Qwen2: biased query, key and value projections
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's query and key, before rotary
+    head_size: int = 0  # a head's width where the checkpoint sets it (Qwen3); 0: n_embd / n_head
 
     def __post_init__(self) -> None:
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+        if (not self.head_size and self.n_embd % self.n_head) or self.n_head % self.n_kv_head:
             raise ValueError(f"width {self.n_embd}, {self.n_head} query heads and {self.n_kv_head} key/value heads "
                              "do not divide: a Llama needs width = heads x head_dim and heads = groups x kv heads")
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
 
 
 def hf_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -51,18 +55,22 @@ class Attention(nn.Module):
         super().__init__()
         c = config
         self.layer, self.n_head, self.n_kv_head, self.head_dim = layer, c.n_head, c.n_kv_head, c.head_dim
-        self.q = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=False)
-        self.k = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
-        self.v = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
+        self.q = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=c.qkv_bias)
+        self.k = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=c.qkv_bias)
+        self.v = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=c.qkv_bias)
         self.o = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
 
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied."""
+        """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied (after Qwen3's head norms)."""
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = self.q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        return hf_rotary(q, cos, sin), hf_rotary(k, cos, sin), v
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return hf_rotary(q.transpose(1, 2), cos, sin), hf_rotary(k.transpose(1, 2), cos, sin), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         B, T, _ = x.shape
@@ -129,6 +137,8 @@ class Llama(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def hidden(self, idx: Tensor, *, key_mask: Tensor | None = None, positions: Tensor | None = None,
                kv_cache: KVCache | None = None, padded: bool | None = None, split: int | None = None,

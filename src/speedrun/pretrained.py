@@ -24,13 +24,20 @@ from speedrun.common import UserError
 
 GGUF_BLOCK = {"attn_norm": "attn_norm", "attn_q": "attn.q", "attn_k": "attn.k", "attn_v": "attn.v",
               "attn_output": "attn.o", "ffn_norm": "mlp_norm", "ffn_gate": "mlp.gate", "ffn_up": "mlp.up",
-              "ffn_down": "mlp.down"}
+              "ffn_down": "mlp.down", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm"}
 GGUF_TOP = {"token_embd": "wte", "output_norm": "norm_f", "output": "lm_head"}
 HF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn.q", "self_attn.k_proj": "attn.k",
             "self_attn.v_proj": "attn.v", "self_attn.o_proj": "attn.o", "post_attention_layernorm": "mlp_norm",
-            "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down"}
+            "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down",
+            "self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm"}
 HF_TOP = {"model.embed_tokens": "wte", "model.norm": "norm_f", "lm_head": "lm_head"}
 CONTROL = 3  # GGUF token type of a special token
+# Qwen2's and Qwen3's split (llama.cpp's pre-tokenizer "qwen2"; the tokenizer.json of an HF folder carries its own)
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+PRE = {**GGUF_PRE, "qwen2": QWEN2_PATTERN}  # tokenizer.ggml.pre -> the split pattern
+ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture and HF model_type values the loaders read
+BIASED = ("attn.q", "attn.k", "attn.v")  # the projections a Qwen2 checkpoint gives a bias
 
 
 @dataclass
@@ -50,13 +57,14 @@ class Checkpoint:
 
 def rename(name: str, block: dict[str, str], top: dict[str, str], prefix: str, where: str) -> str:
     """A checkpoint's tensor name in the lab's Llama (blocks.<i>.<part>.weight, wte.weight, ...)."""
-    m = re.fullmatch(rf"{re.escape(prefix)}(\d+)\.(.+)\.weight", name)
-    if m and m.group(2) in block:
-        return f"blocks.{m.group(1)}.{block[m.group(2)]}.weight"
+    m = re.fullmatch(rf"{re.escape(prefix)}(\d+)\.(.+)\.(weight|bias)", name)
+    if m and m.group(2) in block and (m.group(3) == "weight" or block[m.group(2)] in BIASED):
+        return f"blocks.{m.group(1)}.{block[m.group(2)]}.{m.group(3)}"
     stem = name.removesuffix(".weight")
     if stem in top and name.endswith(".weight"):
         return f"{top[stem]}.weight"
-    raise UserError(f"{where}: tensor {name!r} is not part of a Llama (biases, other architectures: not supported)")
+    raise UserError(f"{where}: tensor {name!r} is not part of a Llama, Qwen2 or Qwen3 (other architectures, other "
+                    "biases: not supported)")
 
 
 def unpermute(w: Tensor, heads: int) -> Tensor:
@@ -102,34 +110,37 @@ def _read_gguf(path: Path, size: int) -> Checkpoint:
             raise UserError(f"{path}: GGUF metadata key {key!r} missing")
         return default
 
-    if (arch := field("general.architecture")) != "llama":
-        raise UserError(f"{path}: general.architecture is {arch!r}; the lab's loader reads Llama checkpoints only")
+    if (arch := field("general.architecture")) not in ARCHS:
+        raise UserError(f"{path}: general.architecture is {arch!r}; the lab's loader reads {', '.join(ARCHS)}")
     names = {t.name for t in reader.tensors}
     tokens = field("tokenizer.ggml.tokens")
-    config = LlamaConfig(vocab_size=len(tokens), depth=field("llama.block_count"),
-                         n_embd=field("llama.embedding_length"), n_head=field("llama.attention.head_count"),
-                         n_kv_head=field("llama.attention.head_count_kv", field("llama.attention.head_count")),
-                         ffn_hidden=field("llama.feed_forward_length"),
-                         rope_theta=float(field("llama.rope.freq_base", 10000.0)),
-                         norm_eps=float(field("llama.attention.layer_norm_rms_epsilon")),
-                         tied="output.weight" not in names, seq_len=field("llama.context_length"))
+    heads, width = field(f"{arch}.attention.head_count"), field(f"{arch}.embedding_length")
+    head = field(f"{arch}.attention.key_length", width // heads)  # written where a head is not width / heads wide
+    config = LlamaConfig(vocab_size=len(tokens), depth=field(f"{arch}.block_count"), n_embd=width, n_head=heads,
+                         n_kv_head=field(f"{arch}.attention.head_count_kv", heads),
+                         ffn_hidden=field(f"{arch}.feed_forward_length"),
+                         rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
+                         norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
+                         tied="output.weight" not in names, seq_len=field(f"{arch}.context_length"),
+                         qkv_bias="blk.0.attn_q.bias" in names, qk_norm="blk.0.attn_q_norm.weight" in names,
+                         head_size=head if head * heads != width else 0)
     state = {}
     for t in reader.tensors:
         w = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32"))  # a writable copy
         name = rename(t.name, GGUF_BLOCK, GGUF_TOP, "blk.", str(path))
-        if name.endswith("attn.q.weight"):
+        if arch == "llama" and name.endswith("attn.q.weight"):  # only llama.cpp's Llama converter permutes
             w = unpermute(w, config.n_head)
-        elif name.endswith("attn.k.weight"):
+        elif arch == "llama" and name.endswith("attn.k.weight"):
             w = unpermute(w, config.n_kv_head)
         state[name] = w
     if (model := field("tokenizer.ggml.model")) != "gpt2":
         raise UserError(f"{path}: tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported")
     pre = field("tokenizer.ggml.pre", "default")
-    if pre not in GGUF_PRE:
-        raise UserError(f"{path}: tokenizer.ggml.pre {pre!r} has no known split pattern (known: {sorted(GGUF_PRE)})")
+    if pre not in PRE:
+        raise UserError(f"{path}: tokenizer.ggml.pre {pre!r} has no known split pattern (known: {sorted(PRE)})")
     types = field("tokenizer.ggml.token_type")
     specials = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == CONTROL}
-    tok = tokenizer(str(path), tokens, specials, GGUF_PRE[pre], field("tokenizer.ggml.bos_token_id"),
+    tok = tokenizer(str(path), tokens, specials, PRE[pre], field("tokenizer.ggml.bos_token_id"),
                     field("tokenizer.ggml.unknown_token_id", 0), field("tokenizer.chat_template", ""))
     return Checkpoint(config, state, tok)
 
@@ -185,9 +196,13 @@ def _read_hf(folder: Path) -> Checkpoint:
     from safetensors.torch import load_file
 
     cfg = json.loads((folder / "config.json").read_text())
-    if cfg.get("model_type") != "llama" or cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias"):
-        raise UserError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}, hidden_act "
-                         f"{cfg.get('hidden_act')!r}, attention_bias {cfg.get('attention_bias')}: not a plain Llama")
+    kind = cfg.get("model_type")
+    if kind not in ARCHS or cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias") or \
+            cfg.get("use_sliding_window"):
+        raise UserError(f"{folder / 'config.json'}: model_type {kind!r}, hidden_act {cfg.get('hidden_act')!r}, "
+                        f"attention_bias {cfg.get('attention_bias')}, use_sliding_window "
+                        f"{cfg.get('use_sliding_window')}: not a plain {', '.join(ARCHS)} decoder")
+    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     if (cfg.get("rope_scaling") or {}).get("rope_type", "default") != "default":
         raise UserError(f"{folder / 'config.json'}: rope_scaling {cfg['rope_scaling']} is not supported")
@@ -196,7 +211,9 @@ def _read_hf(folder: Path) -> Checkpoint:
                          n_kv_head=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
                          ffn_hidden=cfg["intermediate_size"], rope_theta=float(theta),
                          norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), tied=bool(cfg.get("tie_word_embeddings")),
-                         seq_len=cfg.get("max_position_embeddings", 2048))
+                         seq_len=cfg.get("max_position_embeddings", 2048), qkv_bias=kind == "qwen2",
+                         qk_norm=kind == "qwen3",
+                         head_size=head if head * cfg["num_attention_heads"] != cfg["hidden_size"] else 0)
     index = folder / "model.safetensors.index.json"
     files = ["model.safetensors"]
     if index.exists():  # a sharded checkpoint
