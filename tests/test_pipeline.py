@@ -257,10 +257,19 @@ def _kill_mid_run(repo: Path, cmd: list[str], ready) -> None:
         time.sleep(0.02)
     parent.kill()
     parent.wait()
-    time.sleep(1.0)
-    left = [p.pid for p in psutil.process_iter(["cwd"]) if p.pid != os.getpid() and p.info["cwd"]
-            and Path(p.info["cwd"]).is_relative_to(repo)]
-    assert not left, f"{cmd}: processes of the stage outlived a kill -9 of what started it: {left}"
+
+    def left() -> list[str]:  # the stage's live processes: a runner, its forks, torchrun's ranks (not DVC's daemons)
+        out = []
+        for p in psutil.process_iter(["cwd", "cmdline", "status"]):
+            line = " ".join(p.info["cmdline"] or [])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.info["cwd"] and Path(p.info["cwd"]).is_relative_to(repo) \
+                    and ("speedrun" in line or "stages." in line):
+                out.append(f"{p.pid} {line[:160]}")
+        return out
+    deadline = time.time() + 1.0
+    while left() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not left(), f"{cmd}: processes of the stage outlived a kill -9 of what started it: {left()}"
     before = _tree(repo)
     time.sleep(1.5)
     assert _tree(repo) == before, f"{cmd}: files changed after the kill"
