@@ -250,6 +250,7 @@ def _kill_mid_run(repo: Path, cmd: list[str], ready) -> None:
     import psutil
     env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1",
                OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(repo / "src"))
+    env.pop("SHELL", None)  # DVC then runs the stage as `/bin/sh -c`, which (dash) stays between it and the stage (CI)
     parent = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not ready(psutil.Process(parent.pid).children(recursive=True)):

@@ -154,6 +154,31 @@ def test_a_runner_killed_by_sigkill_leaves_no_run_alive(tmp_path, forked):
     assert not any(alive(pid) for pid in children), "a run outlived its SIGKILLed runner"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_stage_behind_a_shell_dies_with_what_started_the_shell(tmp_path):
+    """DVC runs a stage as `/bin/sh -c <cmd>` when SHELL is unset (as on CI), and dash does not exec the command: the
+    shell stays between DVC and the stage. SIGKILL to DVC (here: the launcher) leaves the shell alive, so the stage
+    watches the shell's parent as well (common.die_with_parent), and ends within a second."""
+    stage = (f"{sys.executable} -c 'from speedrun.common import die_with_parent; die_with_parent(); "
+             f"open(\"{tmp_path}/up\", \"w\").close(); import time; time.sleep(120)'; true")  # `; true`: no exec
+    launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.call(['sh', '-c', "
+                                 "sys.argv[1]]); import time; time.sleep(120)", stage],
+                                env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    deadline = time.time() + 60
+    while not (tmp_path / "up").exists():
+        assert time.time() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+    shell = int(subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()[0])
+    stage_pid = int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.time() + 1.0
+    while time.time() < deadline and (alive(stage_pid) or alive(shell)):
+        time.sleep(0.05)
+    assert not alive(stage_pid), "the stage outlived what started its shell"
+    assert not alive(shell), "the shell outlived its stage"
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

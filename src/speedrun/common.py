@@ -186,16 +186,45 @@ def chat_messages(value: Any, where: str) -> list[dict]:
     return out
 
 
+SHELLS = {"sh", "dash", "bash", "zsh", "ksh", "mksh", "ash", "busybox"}
+
+
+def _ppid_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def die_with_parent() -> None:
     """On Linux: SIGKILL this process when the process that started it dies, however it dies (even by SIGKILL; kept
-    across exec, as into torchrun). A stage started by `dvc repro` or a shell never outlives it: killing DVC would
-    otherwise leave the stage training, then writing outputs after DVC has moved on."""
+    across exec). A stage started by `dvc repro` or a shell never outlives it: killing DVC would otherwise leave the
+    stage training, then writing outputs after DVC has moved on. DVC runs a stage through `$SHELL -c` (`/bin/sh`
+    without SHELL); dash does not exec the command, so a shell stands between: when the shell's own parent dies,
+    a thread here ends this process too (the shell then exits with it)."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the line above
         os._exit(1)
+    try:
+        shell = Path(f"/proc/{parent}/comm").read_text().strip() in SHELLS
+        shell = shell and b"-c" in Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        shell = False
+    launcher = _ppid_of(parent) if shell else None
+    if launcher is None or launcher <= 1:
+        return
+    import threading
+    import time
+
+    def watch() -> None:  # the shell is reparented (or gone) once what started it has died
+        while _ppid_of(parent) == launcher:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
 
 
 def files_digest(*paths: str | Path) -> str:

@@ -23,11 +23,17 @@ class Dist:
 
 
 def maybe_relaunch(nproc: int, module: str) -> None:
-    """With nproc > 1 and not yet under torchrun, re-exec this stage under torchrun (same arguments)."""
+    """With nproc > 1 and not yet under torchrun, run this stage under torchrun (same arguments) and exit with its
+    status. A child, not an exec: this process keeps watching what started it (common.die_with_parent), and torchrun
+    dies with it."""
     if nproc > 1 and "LOCAL_RANK" not in os.environ:
+        import subprocess
+
+        from speedrun.common import die_with_parent
         args = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *sys.argv[1:]]
         sys.stdout.flush()
-        os.execvp(args[0], args)
+        linux = sys.platform.startswith("linux")
+        sys.exit(subprocess.call(args, preexec_fn=die_with_parent if linux else None))
 
 
 def setup(device: str) -> Dist:
