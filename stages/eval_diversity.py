@@ -36,7 +36,7 @@ READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "corpu
          "sft.source", "eval", "grpo.run", "grpo.variants", "grpo.controls.tic", "grpo.seeds")
 PATHS = {"prompts": "data/prompts/prompts.parquet", "pairs": "data/prompts/pairs.parquet",
          "ngram_vocab": "data/corpus/ngram_vocab.json", "objects": "data/corpus/objects.parquet",
-         "tokenizer_dir": "outs/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
+         "tokenizer_dir": "outs/base/tokenizer", "rm_dir": "outs/rm", "sft_dir": "outs/sft", "runs_dir": "outs/grpo",
          "samples_out": "outs/eval/samples.parquet", "result_out": "outs/eval/result.json",
          "metrics": "reports/metrics/diversity.json", "report": "reports/report.md", "fig_dir": "reports/figures",
          "scratch_dir": "scratch/eval"}

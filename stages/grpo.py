@@ -26,7 +26,7 @@ READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.de
          "compute.run_threads",
          "grpo.train", "grpo.density", "grpo.controls",
          "grpo.variants.{variant}")
-PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/tokenizer",
+PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/base/tokenizer",
          "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",
          "metrics": "reports/metrics/grpo/{variant}_s{seed}.json"}
 IDS = {"variant": str, "seed": int}  # run ids: the DVC foreach/matrix keys

@@ -14,7 +14,7 @@ from speedrun.train import distributed
 from speedrun.train.checkpoint import context_length, load_model
 
 READS = ("seed", "compute.nproc", "compute.device", "compute.width_step", "onpolicy")
-PATHS = {"pairs": "data/prompts/pairs.parquet", "sft_dir": "outs/sft", "tokenizer_dir": "outs/tokenizer",
+PATHS = {"pairs": "data/prompts/pairs.parquet", "sft_dir": "outs/sft", "tokenizer_dir": "outs/base/tokenizer",
          "out_dir": "data/onpolicy"}
 
 

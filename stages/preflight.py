@@ -3,10 +3,10 @@ stage depends on this stage's output, so `dvc repro` and `dvc exp run` run it fi
 tracks the whole file, keys no stage reads included): every key known, typed and in range (list items too), run ids
 that cannot leave the workspace, and the checks across keys (speedrun.params). A failure stops DVC here, in about a
 second, naming the key; the output is the same text every time, so passing it reruns nothing downstream.
-A local task.base (gguf:<file>, hf:<folder>) must exist, and outs/base_checkpoint becomes a link to it: task_base
-depends on that link, so DVC hashes the checkpoint itself and a file replaced in place reruns task_base (and a
-missing one stops here, not after DVC has removed outs/task_base). Any other base: one line naming it.
--> outs/preflight.txt, outs/base_checkpoint"""
+A local base or task.base (gguf:<file>, hf:<folder>) must exist, and outs/base_checkpoint (outs/task_base_checkpoint)
+becomes a link to it: stage base (task_base) depends on that link, so DVC hashes the checkpoint itself and a file
+replaced in place reruns the stage (and a missing one stops here, not after DVC has removed its output). Any other
+base: one line naming it. -> outs/preflight.txt, outs/base_checkpoint, outs/task_base_checkpoint"""
 import os
 from pathlib import Path
 
@@ -16,8 +16,8 @@ from speedrun.data import task
 from speedrun.stage import run_stage
 
 # dvc.yaml tracks all of params.yaml, and run_stage has checked it by the time main runs; READS: the DAG's own checks
-READS = ("adversarial.cycles", "task.base", "task.source", "task.train_clusters")
-PATHS = {"out": "outs/preflight.txt", "base": "outs/base_checkpoint"}
+READS = ("adversarial.cycles", "base", "task.base", "task.source", "task.train_clusters")
+PATHS = {"out": "outs/preflight.txt", "base": "outs/base_checkpoint", "task_base": "outs/task_base_checkpoint"}
 
 
 def main(p, io) -> None:
@@ -26,15 +26,16 @@ def main(p, io) -> None:
     except params_lib.ParamsError as e:
         raise SystemExit(f"error: {e}")
     write_text(io.out, "params.yaml checked: every key known, typed and in range; ids; cross-references\n")
-    mark_base(io.base, p.task.base)
+    mark_base(io.base, p.base, "base")
+    mark_base(io.task_base, p.task.base, "task.base")
 
 
-def mark_base(path: Path, base: str) -> None:
-    """A link to the local checkpoint task.base names (which DVC follows and hashes), else a line naming the base;
+def mark_base(path: Path, base: str, key: str) -> None:
+    """A link to the local checkpoint a base knob names (which DVC follows and hashes), else a line naming the base;
     replaced atomically."""
     local = params_lib.base_file(base)
     if local is None:
-        return write_text(path, f"task.base: {base} (not a local file: nothing for DVC to hash)\n")
+        return write_text(path, f"{key}: {base} (not a local file: nothing for DVC to hash)\n")
     tmp = path.with_name(f".{path.name}.link")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()

@@ -1,4 +1,6 @@
-"""Stage sft: fine-tune the pretrained GPT on chat conversations, loss on assistant tokens only."""
+"""Stage sft: fine-tune the chat track's base (stage base: the lab's pretrained GPT, or a pretrained checkpoint in its
+ChatML template) on chat conversations, loss on assistant tokens only; sft.frozen_blocks leaves its bottom blocks as
+they came, sft.steps 0 passes the base on as it came (evaluated)."""
 import dataclasses
 
 from speedrun import tokenizer as tokenizer_lib
@@ -10,9 +12,10 @@ from speedrun.train.checkpoint import context_length, load_model, save_model
 from speedrun.train.loop import train
 from speedrun.probe import copy_gain
 from speedrun.train.outputs import sample_texts, throughput, write_logs
+from speedrun.trunk import freeze_trunk
 
 READS = ("seed", "corpus.val_frac", "prompts.eval_frac", "compute", "sft")
-PATHS = {"init_dir": "outs/pretrain", "tokenizer_dir": "outs/tokenizer", "objects": "data/corpus/objects.parquet",
+PATHS = {"init_dir": "outs/base", "tokenizer_dir": "outs/base/tokenizer", "objects": "data/corpus/objects.parquet",
          "scratch_dir": "scratch/sft", "out_dir": "outs/sft", "metrics": "reports/metrics/sft.json"}
 
 
@@ -34,7 +37,8 @@ def main(p, io) -> None:
     rendered = {s: [tok.render_conversation(conv) for conv in cs] for s, cs in convs.items()}
     val = rendered["val"][:c.eval_convs]
     seed_everything(p.seed)
-    model, meta = load_model(io.init_dir, d.device, tok.digest)
+    model, base = load_model(io.init_dir, d.device, tok.digest)
+    freeze_trunk(model, c.frozen_blocks, "sft.frozen_blocks")
     model.train()
     cfg = dataclasses.replace(c, bf16=use_bf16(p.compute.dtype, d.device),
                               compile=p.compute.compile, monitor="val_loss")
@@ -42,6 +46,9 @@ def main(p, io) -> None:
     if d.is_main:
         print(f"sft: {len(rendered['train'])} train / {len(rendered['val'])} val conversations "
               f"(skipped {skipped}), {d.world} process(es) on {d.device} in {'bf16' if cfg.bf16 else 'fp32'}")
+        if cut := sum(not any(mask[1:c.max_len + 1]) for _, mask in rendered["train"]):
+            print(f"sft: {cut} train conversations end at sft.max_len {c.max_len} before their answer: they teach "
+                  "nothing (a longer sft.max_len keeps them)")
     inputs = files_digest(io.init_dir / "model.pt", io.tokenizer_dir, io.objects)
     result = train(model, cfg, data.sft_batch_fn(rendered["train"], sampler, c.max_len, tok.bos_id, c.micro_tokens),
                    lambda m: {"val_loss": data.masked_loss(m, val, c.max_len, tok.bos_id, 32, d.device)}, d,
@@ -55,7 +62,7 @@ def main(p, io) -> None:
              **throughput(result, model.estimate_flops())}
         save_model(io.out_dir, result.best_state, model.config,
                    {"tokenizer": tok.digest, "step": result.best_step, "val_loss": m["val_loss"],
-                    "init": str(io.init_dir)})
+                    "init": base.get("base", str(io.init_dir))})
         write_logs(io.out_dir, result)
         m["copy_gain"] = copy_gain(model, tok, p.seed, d.device)  # can it copy from its context? (outputs.py)
         write_json(io.metrics, m)
@@ -63,7 +70,7 @@ def main(p, io) -> None:
         samples = sample_texts(model, tok, prompts, 48, d.device, p.seed, tok.assistant_end_id)
         for text, conv in zip(samples, convs["val"]):
             print("sample:", text.replace("\n", "\\n"), "| reference:", conv[-1]["content"][:120])
-        print(f"sft: val loss {m['val_loss_before']:.3f} (pretrained) -> {m['val_loss']:.3f} after {m['steps']} steps")
+        print(f"sft: val loss {m['val_loss_before']:.3f} (the base) -> {m['val_loss']:.3f} after {m['steps']} steps")
     distributed.teardown()
 
 

@@ -10,7 +10,7 @@ from speedrun.train.checkpoint import context_length
 
 READS = ("seed", "compute", "rm")
 PATHS = {"pairs": ["data/prompts/pairs.parquet", "data/onpolicy/pairs.parquet"], "init_dir": "outs/sft",
-         "tokenizer_dir": "outs/tokenizer", "scratch_dir": "scratch/rm", "out_dir": "outs/rm",
+         "tokenizer_dir": "outs/base/tokenizer", "scratch_dir": "scratch/rm", "out_dir": "outs/rm",
          "metrics": "reports/metrics/rm.json"}
 
 

@@ -34,7 +34,7 @@ def test_dvc_params_are_exactly_the_keys_the_stage_reads(name):
     reads = reads_of(STAGES[name])
     if name == "preflight":  # the one stage that tracks the whole file, keys no stage reads included
         assert stage["params"] == [{"params.yaml": None}]  # the DAG's checks read:
-        assert reads == ["adversarial.cycles", "task.base", "task.source", "task.train_clusters"]
+        assert reads == ["adversarial.cycles", "base", "task.base", "task.source", "task.train_clusters"]
         return
     assert sorted(stage["params"]) == sorted(reads)
 
@@ -97,40 +97,46 @@ def test_preflight_refuses_a_trained_cluster_the_task_does_not_have():
     params.dag_check(params.load(REPO / "params.yaml"), "params.yaml", TEMPLATES)
 
 
+@pytest.mark.parametrize("key", ["base", "task.base"])  # the chat track's, the task track's
 @pytest.mark.parametrize("base", ["'gguf:'", "'hf: '", "smollm2", "/models/x.gguf"])  # YAML reads gguf: as a map
-def test_preflight_refuses_a_base_model_it_cannot_name(base, tmp_path):
-    p = params.load(REPO / "params.yaml", [f"task.base={base}"])
-    with pytest.raises(params.ParamsError, match=re.escape("task.base: ") + ".* is not a base model .own \\| smollm2"):
+def test_preflight_refuses_a_base_model_it_cannot_name(base, key, tmp_path):
+    p = params.load(REPO / "params.yaml", [f"{key}={base}"])
+    want = f"params.yaml: {re.escape(key)}: .* is not a base model .own \\| smollm2"
+    with pytest.raises(params.ParamsError, match=want):
         params.dag_check(p, "params.yaml")
     (tmp_path / "x.gguf").write_bytes(b"GGUF")
     for good in ("own", "smollm2-135m", f"gguf:{tmp_path / 'x.gguf'}", f"hf:{tmp_path}",
                  "hf:HuggingFaceTB/SmolLM2-360M-Instruct"):  # a hub id: downloaded on a node
-        params.dag_check(params.load(REPO / "params.yaml", [f"task.base={good}"]), "params.yaml")
+        params.dag_check(params.load(REPO / "params.yaml", [f"{key}={good}"]), "params.yaml")
 
 
+@pytest.mark.parametrize("key", ["base", "task.base"])
 @pytest.mark.parametrize("base, what", [("gguf:/nonexistent/x.gguf", "file"), ("gguf:models/x.gguf", "file"),
                                         ("hf:/nonexistent/folder", "folder"), ("hf:./no/such/folder", "folder")])
-def test_preflight_refuses_a_local_base_that_is_not_there(base, what):
-    """Before DVC removes outs/task_base, not inside the stage after it has."""
-    p = params.load(REPO / "params.yaml", [f"task.base={base}"])
-    with pytest.raises(params.ParamsError, match=re.escape(f"task.base: '{base}': no {what} ")):
+def test_preflight_refuses_a_local_base_that_is_not_there(base, what, key):
+    """Before DVC removes the base stage's output, not inside the stage after it has."""
+    p = params.load(REPO / "params.yaml", [f"{key}={base}"])
+    want = f"params.yaml: {re.escape(key)}: " + re.escape(f"'{base}': no {what} ")
+    with pytest.raises(params.ParamsError, match=want):
         params.dag_check(p, "params.yaml")
 
 
 def test_preflight_links_a_local_base_for_dvc_to_hash(tmp_path):
-    """outs/base_checkpoint: a link to the local checkpoint (DVC follows it: test_pipeline.py), else a line."""
+    """outs/base_checkpoint (base) and outs/task_base_checkpoint (task.base): a link to the local checkpoint (DVC
+    follows it: test_pipeline.py), else a line naming the base."""
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     (tmp_path / "m.gguf").write_bytes(b"GGUF v1")
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'src'}"}
-    for base in ("own", f"gguf:{tmp_path / 'm.gguf'}", "own"):
-        res = subprocess.run([sys.executable, "-m", "speedrun", "preflight", "-S", f"task.base={base}", "--out",
-                              "pf.txt", "--base", "base_checkpoint"], cwd=tmp_path, capture_output=True, text=True,
-                             env=env)
+    gguf = f"gguf:{tmp_path / 'm.gguf'}"
+    for chat, task in (("own", "own"), (gguf, "own"), ("own", gguf), ("own", "own")):
+        res = subprocess.run([sys.executable, "-m", "speedrun", "preflight", "-S", f"base={chat}", "-S",
+                              f"task.base={task}", "--out", "pf.txt", "--base", "chat_link", "--task-base",
+                              "task_link"], cwd=tmp_path, capture_output=True, text=True, env=env)
         assert res.returncode == 0, res.stderr
-        link = tmp_path / "base_checkpoint"
-        assert link.is_symlink() == (base != "own")
-        assert link.read_bytes() == (b"GGUF v1" if base != "own" else b"task.base: own (not a local file: nothing "
-                                                                       b"for DVC to hash)\n")
+        for link, base, key in ((tmp_path / "chat_link", chat, "base"), (tmp_path / "task_link", task, "task.base")):
+            assert link.is_symlink() == (base != "own")
+            assert link.read_bytes() == (b"GGUF v1" if base != "own" else
+                                         f"{key}: own (not a local file: nothing for DVC to hash)\n".encode())
 
 
 def test_every_wheel_base_has_its_wheel():

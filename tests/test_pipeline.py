@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from conftest import dvc, git, make_pipeline_repo, pythonpath, run_module, run_queue, set_params
+from speedrun.common import SHELLS
 from speedrun.train.checkpoint import load_model
 
 GRPO_RUNS = [f"grpo@{v}-{s}" for v in ("density", "baseline", "tic_2") for s in (1, 2)]
@@ -286,15 +287,15 @@ def _killed_stages_leave_nothing_behind(repo: Path) -> None:
     kept = {f: f.read_bytes() for f in files if f.is_file()}
     untimed = lambda data, f: data if f.suffix != ".json" else {  # noqa: E731  (a run's metrics time it, too)
         k: v for k, v in json.loads(data).items() if k not in ("seconds", "completion_tokens_per_s")}
-    def count(procs, word: str) -> int:
+    def count(procs, word: str) -> int:  # the stage's own processes: not the shell between, not DVC's daemon forks
         n = 0
         for p in procs:
             try:
-                n += word in " ".join(p.cmdline())
+                n += p.name() not in SHELLS and word in " ".join(p.cmdline())
             except Exception:  # a process that ended meanwhile
                 pass
         return n
-    forks = lambda procs: count(procs, "grpo") >= 3  # noqa: E731  (the runner and its two runs)
+    forks = lambda procs: count(procs, "speedrun grpo") >= 3  # noqa: E731  (the runner and its two runs)
     evaluated = lambda procs: any((repo / "scratch/task_eval").glob("*.parquet"))  # noqa: E731  (its first model)
     shell = lambda line: ["bash", "-c", f"{line}; true"]  # noqa: E731  (bash stays the stage's parent)
     by_hand = "speedrun grpo --variant density --seed 1 --metrics reports/metrics/grpo/density_s1.json"
@@ -475,6 +476,35 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     assert "outs/base_checkpoint" in dvc(repo, "status") and "task_base" in ran(dvc(repo, "repro", "--dry"))
 
 
+def _a_pretrained_base_runs_the_chat_track(repo: Path, elsewhere: Path) -> None:
+    """The chat track from a pretrained base (knob base), on a tiny random Llama written here as a Hugging Face
+    folder: stage base reads it, and every chat stage runs from it in its ChatML template and tokenizer (SFT training
+    its last block only, the on-policy pairs, the RM on its trunk, every GRPO run, the evaluation); the lab's GPT,
+    the task track and the adversarial track are not rerun (the target is eval_diversity)."""
+    from tiny_llama import write_hf
+    folder = write_hf(elsewhere / "hf", tied=False, family="qwen2")[0]
+    out = dvc(repo, "exp", "run", "-n", "tiny-chat", "-S", f"base=hf:{folder}", "-S", "sft.max_len=128",
+              "-S", "rm.max_len=128", "-S", "sft.frozen_blocks=1",
+              "-S", "grpo.train.frozen_blocks=1", "-S", "rm.train_last_blocks=1", "eval_diversity")
+    grpo = yaml.safe_load((repo / "params.yaml").read_text())["grpo"]
+    runs = {f"grpo@{v}-{s}" for v in grpo["run"] for s in grpo["seeds"]}
+    assert ran(out) == {"preflight", "base", "sft", "onpolicy_pairs", "train_rm", *runs, "eval_diversity"}, ran(out)
+    assert "base: hf:" in out and "a Llama of" in out
+    base, sft, run = (load_model(repo / d)[0].state_dict() for d in ("outs/base", "outs/sft", "outs/grpo/density_s1"))
+    for name in base:  # the embedding and block 0 stay the base's; block 1, the norm and the untied head train
+        trains = name.startswith(("blocks.1.", "norm_f.", "lm_head."))
+        assert torch.equal(base[name], sft[name]) == (not trains), name
+        assert torch.equal(sft[name], run[name]) == (not trains), name
+    tok_meta = json.loads((repo / "outs/base/tokenizer/tokenizer.json").read_text())
+    assert tok_meta["template"] == "chatml"
+    for d in ("outs/sft", "outs/rm", "outs/grpo/baseline_s1"):
+        assert json.loads((repo / d / "meta.json").read_text())["arch"] == "llama", d
+    assert json.loads((repo / "outs/sft/meta.json").read_text())["init"] == str(folder)
+    result = json.loads((repo / "reports/metrics/diversity.json").read_text())
+    assert {"sft", "density_vs_baseline", *(f"grpo_{r.split('@')[1].replace('-', '_s')}" for r in runs)} <= set(result)
+    assert "base" in dvc(repo, "exp", "show", "--csv")
+
+
 @pytest.mark.e2e(first=True)
 def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     repo = make_pipeline_repo(tmp_path, MICRO_DAG)
@@ -487,6 +517,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     _additions_rerun_only_their_stages(repo)
     _unknown_keys_stop_before_any_stage(repo)
     _a_pretrained_base_runs_the_task_track(repo, tmp_path_factory.mktemp("tiny_llama"))
+    _a_pretrained_base_runs_the_chat_track(repo, tmp_path_factory.mktemp("tiny_chat"))
 
 def test_grpo_plots_cover_every_run_of_params():
     """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""

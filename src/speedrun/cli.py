@@ -15,7 +15,7 @@ import yaml
 
 from speedrun.typer_app import FAILURE_HELP
 
-STAGES = ("preflight", "corpus", "tokenizer", "pretrain", "sft",  # the lab's own model
+STAGES = ("preflight", "corpus", "tokenizer", "pretrain", "base", "sft",  # the base model
           "task_data", "task_base", "task_sft", "task_rm", "task_grpo", "task_eval",  # the task track
           "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm", "grpo", "eval_diversity",  # the chat track
           "adv_data", "adv_rm", "adv_grpo", "adv_eval")  # the adversarial cycle

@@ -202,7 +202,8 @@ def die_with_parent() -> None:
     across exec). A stage started by `dvc repro` or a shell never outlives it: killing DVC would otherwise leave the
     stage training, then writing outputs after DVC has moved on. DVC runs a stage through `$SHELL -c` (`/bin/sh`
     without SHELL); dash does not exec the command, so a shell stands between: when the shell's own parent dies,
-    a thread here ends this process too (the shell then exits with it)."""
+    a thread here ends this process too (the shell then exits with it). Not covered: a launcher killed in the moment
+    before this runs (the interpreter's start), whose stage then runs to its end."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()

@@ -77,6 +77,10 @@ class ModelConfig:
     seq_len: int = knob("tokens per pretraining window (the model's context)", ge=2)
 
 
+FROZEN_BLOCKS = ("the model's bottom blocks left frozen with the token embedding (a tied head with it): only the "
+                 "blocks above train (0 = every weight trains); speedrun.trunk")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The optimizer schedule of pretrain, SFT and the reward models (speedrun.train.loop)."""
@@ -122,6 +126,8 @@ class SFTConfig(TrainConfig):
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
     micro_tokens: int = knob("re-cut micro-batches by length to at most this many padded tokens (0 = off)", ge=0)
     eval_convs: int = knob("val conversations per evaluation", ge=1)
+    frozen_blocks: int = knob(FROZEN_BLOCKS, ge=0)
+    steps: int = knob("optimizer steps (at most; 0 = the base as it came, evaluated and passed on)", ge=0)
 
 
 @dataclass(frozen=True)
@@ -225,12 +231,15 @@ class GRPOConfig:
     bf16: bool = derived(None)
     decode: str = derived(None)  # compute.decode: how generate() decodes
     warm_up: bool = derived(None)  # one dummy step per prompt width before step 0 (on CUDA: plans and graphs)
-    frozen_blocks: int = derived(0)  # the policy's bottom blocks left frozen (a task.train knob; speedrun.trunk)
+    frozen_blocks: int = derived(0)  # the policy's bottom blocks left frozen (grpo.train, task.train; speedrun.trunk)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PromptGRPOConfig(GRPOConfig):
     """A GRPO run of the preference track (stage grpo)."""
+    frozen_blocks: int = knob("the policy's bottom blocks left frozen with the token embedding (a tied head with it); "
+                              "the policy and its reference share their activations, computed once a step (0 = every "
+                              "weight trains); speedrun.trunk", ge=0)
     temperature: float = knob("sampling temperature", gt=0)
     max_new_tokens: int = knob("completion token budget", ge=1)
     max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens (0 = the model's context "

