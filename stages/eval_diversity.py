@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from speedrun import tokenizer as tokenizer_lib
-from speedrun.common import files_digest, pick_device, read_json, write_json, write_parquet
+from speedrun.common import UserError, files_digest, pick_device, read_json, write_json, write_parquet
 from speedrun.data.docstrings import load_objects
 from speedrun.data.gold import distractor_pool, gold_items
 from speedrun.embeddings import embed, load_encoder
@@ -73,9 +73,10 @@ def held_out_prompts(p, io, tok) -> tuple[pd.DataFrame, list[list[int]], int]:
     refs = {r["prompt_id"]: r["chosen"] for r in reference_answers(pairs.to_dict("records"), str(io.pairs))}
     keep = df["prompt_id"].map(lambda pid: refs[pid] not in trained)
     order = df[keep].sort_values("prompt_id").index[: c.max_prompts or None]
-    if not len(order):
-        raise ValueError(f"{io.prompts}: no held-out prompt to evaluate: {len(df)} eval prompts, {int((~keep).sum())} "
-                         f"left out because a trained prompt has the same reference answer ({io.pairs})")
+    if len(order) < 2:  # a prompt swap (does the model read its prompt?) pairs each prompt with another
+        raise UserError(f"{io.prompts}: {len(order)} held-out prompt(s) to evaluate, and the evaluation needs 2: "
+                        f"{len(df)} eval prompts, {int((~keep).sum())} left out because a trained prompt has the same "
+                        f"reference answer ({io.pairs}); more pairs or a larger prompts.eval_frac hold out more")
     return df.loc[order].reset_index(drop=True), [ids[i] for i in order], int((~keep).sum())
 
 

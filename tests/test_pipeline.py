@@ -471,9 +471,9 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     task_result = json.loads((repo / "reports/metrics/task.json").read_text())
     assert set(task_result["arms"]) == set(arms)
     assert "task.base" in dvc(repo, "exp", "show", "--csv")
-    # the base file replaced in place: DVC hashes it through outs/base_checkpoint, so task_base is stale
+    # the base file replaced in place: DVC hashes it through outs/task_base_checkpoint, so task_base is stale
     write_gguf(path, write_hf(elsewhere / "hf_other", tied=True, seed=1)[0])
-    assert "outs/base_checkpoint" in dvc(repo, "status") and "task_base" in ran(dvc(repo, "repro", "--dry"))
+    assert "outs/task_base_checkpoint" in dvc(repo, "status") and "task_base" in ran(dvc(repo, "repro", "--dry"))
 
 
 def _a_pretrained_base_runs_the_chat_track(repo: Path, elsewhere: Path) -> None:

@@ -186,3 +186,27 @@ def test_hub_prompts_are_grouped_by_their_words_not_their_source():
     for lab, item in zip(labels, items):
         members[lab][item.cluster] += 1
     assert sum(m.most_common(1)[0][1] for m in members.values()) / len(items) > 0.9
+
+
+def test_the_evaluation_refuses_fewer_than_two_held_out_prompts(tmp_path):
+    """One held-out prompt cannot be swapped with another (the read-its-prompt check): the stage stops with one line
+    naming the prompts file and what holds out more, not a traceback from the swap."""
+    import pytest
+    from types import SimpleNamespace
+
+    from speedrun import params, tokenizer as tokenizer_lib
+    from speedrun.common import UserError
+    from conftest import REPO
+    from stages.eval_diversity import held_out_prompts
+
+    rows = [pairs_lib.make_pair("embedded", split, user(f"What does `json.f{i}` do?"), f"answer {i}", "x", group="json",
+                                negative="hard") for i, split in enumerate(("train", "train", "eval"))]
+    write_pairs(tmp_path / "raw.parquet", rows)
+    run(tmp_path, tmp_path / "raw.parquet")
+    tokenizer_lib.save(tokenizer_lib._encoding({bytes([b]): b for b in range(256)}), tmp_path / "tok")
+    p = params.load(REPO / "params.yaml", ["eval.max_prompt_len=64"])
+    io = SimpleNamespace(prompts=tmp_path / "prompts/prompts.parquet", pairs=tmp_path / "prompts/pairs.parquet",
+                         sft_dir=tmp_path / "no_model")
+    with pytest.raises(UserError, match=r"prompts.parquet: 1 held-out prompt\(s\) to evaluate, and the evaluation "
+                                        r"needs 2: .* a larger prompts.eval_frac"):
+        held_out_prompts(p, io, tokenizer_lib.load(tmp_path / "tok"))
