@@ -6,7 +6,7 @@ second, naming the key; the output is the same text every time, so passing it re
 A local base or task.base (gguf:<file>, hf:<folder>) must exist, and outs/base_checkpoint (outs/task_base_checkpoint)
 becomes a link to it: stage base (task_base) depends on that link, so DVC hashes the checkpoint itself and a file
 replaced in place reruns the stage (and a missing one stops here, not after DVC has removed its output). Any other
-base: one line naming it. -> outs/preflight.txt, outs/base_checkpoint, outs/task_base_checkpoint"""
+base: a link to outs/preflight.txt. -> outs/preflight.txt, outs/base_checkpoint, outs/task_base_checkpoint"""
 import os
 from pathlib import Path
 
@@ -26,23 +26,22 @@ def main(p, io) -> None:
     except params_lib.ParamsError as e:
         raise SystemExit(f"error: {e}")
     write_text(io.out, "params.yaml checked: every key known, typed and in range; ids; cross-references\n")
-    mark_base(io.base, p.base, "base")
-    mark_base(io.task_base, p.task.base, "task.base")
+    mark_base(io.base, p.base, io.out)
+    mark_base(io.task_base, p.task.base, io.out)
 
 
-def mark_base(path: Path, base: str, key: str) -> None:
-    """A link to the local checkpoint a base knob names (which DVC follows and hashes), else a line naming the base;
-    replaced atomically."""
+def mark_base(path: Path, base: str, none: Path) -> None:
+    """A link to the local checkpoint a base knob names (which DVC follows and hashes), else to `none` (preflight's
+    own constant text: the base knob, a params dep of its stage, names the model); replaced atomically. Always a
+    link: a git-tracked file that turned into a link conflicts with the stash `dvc exp run` re-applies (DVC 3.67.1)."""
     local = params_lib.base_file(base)
-    if local is None:
-        return write_text(path, f"{key}: {base} (not a local file: nothing for DVC to hash)\n")
+    target = local.resolve() if local is not None else Path(os.path.relpath(none, path.parent))
     tmp = path.with_name(f".{path.name}.link")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.symlink(local.resolve(), tmp)
+    os.symlink(target, tmp)
     os.replace(tmp, path)
-
 
 if __name__ == "__main__":
     run_stage(main, __doc__, READS, PATHS)
