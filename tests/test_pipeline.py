@@ -477,10 +477,11 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
 
 
 def _a_pretrained_base_runs_the_chat_track(repo: Path, elsewhere: Path) -> None:
-    """The chat track from a pretrained base (knob base), on a tiny random Llama written here as a Hugging Face
-    folder: stage base reads it, and every chat stage runs from it in its ChatML template and tokenizer (SFT training
-    its last block only, the on-policy pairs, the RM on its trunk, every GRPO run, the evaluation); the lab's GPT,
-    the task track and the adversarial track are not rerun (the target is eval_diversity)."""
+    """The chat track from a pretrained base (knob base), on a tiny random Qwen2 written here as a Hugging Face
+    folder, right after the task track's base experiment (two base experiments in a row): stage base reads it, and
+    every chat stage runs from it in its ChatML template and tokenizer (SFT training its last block only, the
+    on-policy pairs, the RM on its trunk, every GRPO run, the evaluation); the lab's GPT, the task track and the
+    adversarial track are not rerun (the target is eval_diversity)."""
     from tiny_llama import write_hf
     folder = write_hf(elsewhere / "hf", tied=False, family="qwen2")[0]
     out = dvc(repo, "exp", "run", "-n", "tiny-chat", "-S", f"base=hf:{folder}", "-S", "sft.max_len=128",
