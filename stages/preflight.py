@@ -30,18 +30,19 @@ def main(p, io) -> None:
     mark_base(io.task_base, p.task.base, io.out)
 
 
-def mark_base(path: Path, base: str, none: Path) -> None:
-    """A link to the local checkpoint a base knob names (which DVC follows and hashes), else to `none` (preflight's
+def mark_base(path: Path, base: str, fallback: Path) -> None:
+    """A link to the local checkpoint a base knob names (which DVC follows and hashes), else to `fallback` (preflight's
     own constant text: the base knob, a params dep of its stage, names the model); replaced atomically. Always a
     link: a git-tracked file that turned into a link conflicts with the stash `dvc exp run` re-applies (DVC 3.67.1)."""
     local = params_lib.base_file(base)
-    target = local.resolve() if local is not None else Path(os.path.relpath(none, path.parent))
+    target = local.resolve() if local is not None else Path(os.path.relpath(fallback, path.parent))
     tmp = path.with_name(f".{path.name}.link")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(target, tmp)
     os.replace(tmp, path)
+
 
 if __name__ == "__main__":
     run_stage(main, __doc__, READS, PATHS)
