@@ -98,7 +98,8 @@ def control_check(control_samples: pd.DataFrame, temps: dict[str, float], c, voc
     configured = list(c.primary)
     matched = ["ead_1_first", "distinct_2_first", "self_bleu_first"] if c.match_words else []
     others = ["ead_1", "distinct_2", "self_bleu"] + matched + ["within_self_bleu", "within_vendi", "within_semantic",
-                                                               "word_gini"]
+                                                               "word_gini", "word_entropy", "across_semantic",
+                                                               "shared_4grams", "top_opening", "rep_4"]
     control = temperature_ordering(control_samples, temps, configured + [m for m in others if m not in configured],
                                    vocab, seed, c.match_words)
     primary = [m for m in configured if control["metrics"][m]["passes"]]
@@ -179,7 +180,7 @@ def main(p, io) -> None:
     answers = pd.concat(done[len(models):], ignore_index=True)
     write_parquet(io.samples_out, samples)
     samples["embedding"] = embed_texts(embedder, tok, samples["text"].tolist(), dev)  # for the Vendi score only
-    if control["metrics"]["within_semantic"]["passes"]:  # read only where it orders the SFT model's temperatures
+    if any(control["metrics"][m]["passes"] for m in ("within_semantic", "across_semantic")):  # where one can see
         samples["sentence_embedding"] = list(embed(encoder, samples["text"].tolist()))
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,

@@ -174,3 +174,85 @@ def test_ngram_vocab_equals_counting_tuples_in_sets(monkeypatch):
     assert dv.ngram_vocab([]) == [1, 1, 1]
     monkeypatch.setattr(dv, "BITS", 8)  # word ids outgrow a key after 256 words: the rest counted as rows
     assert dv.ngram_vocab(texts, chunk_rows=97) == want
+
+
+def test_word_entropy_and_repetition_by_hand():
+    assert dv.entropy_bits([5, 5, 5, 5]) == pytest.approx(2.0) and dv.entropy_bits([7]) == 0.0
+    assert dv.entropy_bits([]) == 0.0 and dv.entropy_bits([0, 0]) == 0.0
+    assert dv.word_entropy(["a b", "a a"]) == pytest.approx(-(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25)))
+    # 4-grams of "a b c d a b c d a": abcd bcda cdab dabc abcd bcda -> 4 distinct of 6
+    assert dv.rep_n("a b c d a b c d a".split(), 4) == pytest.approx(1 - 4 / 6)
+    assert dv.rep_n("a b c d e".split(), 4) == 0.0 and dv.rep_n(["a"], 4) == 0.0
+    toks = [["the", "answer", "is", "x"], ["the", "answer", "is", "y"], ["it", "is"], []]
+    assert dv.top_opening_share(toks) == pytest.approx(0.5) and dv.top_opening_share([]) == 0.0
+
+
+def test_shared_ngrams_count_phrasing_reused_across_prompts_not_echoes_of_one():
+    toks = [s.split() for s in ("in short the answer is one", "in short the answer is two", "echo echo echo echo",
+                                "echo echo echo echo")]
+    # prompts p, q, r, r: "in short the answer", "short the answer is" are said to p and q (2 x 2 of 6 + 6 + 1 + 1);
+    # "echo echo echo echo" only to r
+    assert dv.shared_ngram_share(toks, ["p", "q", "r", "r"]) == pytest.approx(4 / 8)
+    assert dv.shared_ngram_share(toks, ["p", "p", "r", "r"]) == 0.0
+    assert dv.shared_ngram_share(toks, ["p", "q", "r", "s"]) == pytest.approx(6 / 8)
+
+
+def test_across_prompt_distance_by_hand():
+    from speedrun.eval.semantic import across_distance
+    e = np.eye(3)
+    # seed 0 sample 0: prompts a, b, c orthogonal -> distance 1; seed 0 sample 1: a and b the same vector -> 0
+    emb = np.stack([e[0], e[1], e[2], e[0], e[0]])
+    got = across_distance(emb, ["a", "b", "c", "a", "b"], [0, 0, 0, 0, 0], [0, 0, 0, 1, 1])
+    assert got == pytest.approx([1, 1, 1, 0, 0])
+    assert across_distance(np.eye(2)[:1], ["a"], [0], [0]) == pytest.approx([0.0])  # a lone row
+
+
+def test_text_instruments_see_a_model_that_says_one_thing_to_every_prompt():
+    """Positive and negative control on the same pools: a model that opens every answer alike, reuses one phrase and
+    loops reads worse on every new instrument than one whose answers differ; the same model against itself reads 0."""
+    from speedrun.eval.compare import evaluate
+    rng, gen = random.Random(0), np.random.default_rng(0)
+    vocab = [f"w{i}" for i in range(400)]
+    rows = []
+    for p in range(6):
+        for j in range(4):
+            free = " ".join(rng.choice(vocab) for _ in range(12))
+            direction = gen.normal(size=16)
+            # 8 4-grams, 6 distinct; the 4 holding the drawn word are said to one prompt only
+            stuck = f"great question the answer is {free.split()[0]} great question the answer is"
+            for m, text in (("stuck", stuck), ("free", free), ("free_copy", free)):
+                unit = np.ones(16) / 4 if m == "stuck" else direction / np.linalg.norm(direction)
+                rows.append(dict(model=m, prompt_id=f"p{p}", seed=0, sample_idx=j, text=text, reward=0.0,
+                                 sentence_embedding=unit))
+    res = evaluate(pd.DataFrame(rows), {"stuck": ["stuck"], "free": ["free"], "free_copy": ["free_copy"]},
+                   [("stuck", "free"), ("free_copy", "free")], reference=None, n_boot=50)
+    stuck, free = res["values"]["stuck"], res["values"]["free"]
+    assert stuck["top_opening"] == 100.0 and free["top_opening"] < 10
+    assert stuck["shared_4grams"] >= 50 and free["shared_4grams"] == 0.0
+    assert stuck["rep_4"] == pytest.approx(25.0) and free["rep_4"] == 0.0
+    assert stuck["word_entropy"] < free["word_entropy"]
+    assert stuck["across_semantic"] == pytest.approx(0.0) and free["across_semantic"] > 0.5
+    same = res["comparisons"][1]["delta"]
+    for m in ("top_opening", "shared_4grams", "rep_4", "word_entropy", "across_semantic"):
+        assert same[m]["value"] == 0.0 and same[m]["ci_low"] == 0.0 == same[m]["ci_high"]
+
+
+def test_a_bootstrap_draw_scores_the_new_instruments_as_the_pool_it_stands_for():
+    """A draw's cell weights give what the plain functions give on the pool with each cell repeated that often (a
+    prompt drawn twice is still one prompt for the shared 4-grams)."""
+    from speedrun.eval.pool import Pool
+    rng = random.Random(1)
+    vocab = ["a", "b", "c", "the", "answer", "is"]
+    rows = [dict(prompt_id=f"p{p}", seed=s, sample_idx=j, text=" ".join(rng.choice(vocab) for _ in range(9)))
+            for p in range(5) for s in (0, 1) for j in range(3)]
+    df = pd.DataFrame(rows).assign(reward=0.0)
+    toks = [dv.words(t) for t in df["text"]]
+    pool = Pool(df, dv.encode(toks, 4), tic="")
+    w_cell = np.asarray([2, 0, 1, 0, 0, 3, 1, 1, 0, 2], dtype=float)
+    got = pool.metrics(w_cell, np.arange(4), [10, 10, 10])
+    picked = [i for i, c in enumerate(pool.cell) for _ in range(int(w_cell[c]))]
+    assert got["top_opening"] == pytest.approx(100 * dv.top_opening_share([toks[i] for i in picked]))
+    assert got["shared_4grams"] == pytest.approx(
+        100 * dv.shared_ngram_share([toks[i] for i in picked], [df["prompt_id"][i] for i in picked]))
+    assert got["rep_4"] == pytest.approx(100 * np.mean([dv.rep_n(toks[i], 4) for i in picked]))
+    assert got["word_entropy"] == pytest.approx(dv.word_entropy([df["text"][i] for i in picked]))

@@ -129,6 +129,11 @@ def test_values_are_the_metrics_of_the_whole_pool(samples, result):
         texts, got = df["text"].tolist(), result["values"][model]
         assert got["em_dash_rate"] == pytest.approx(dv.em_dash_rate(texts))
         assert got["word_gini"] == pytest.approx(dv.word_gini(texts))
+        assert got["word_entropy"] == pytest.approx(dv.word_entropy(texts))
+        toks = [dv.words(t) for t in texts]
+        assert got["rep_4"] == pytest.approx(100 * np.mean([dv.rep_n(t, 4) for t in toks]))
+        assert got["top_opening"] == pytest.approx(100 * dv.top_opening_share(toks))
+        assert got["shared_4grams"] == pytest.approx(100 * dv.shared_ngram_share(toks, df["prompt_id"].tolist()))
         for n in (1, 2, 3):
             assert got[f"distinct_{n}"] == pytest.approx(dv.distinct_n(texts, n))
             assert got[f"ead_{n}"] == pytest.approx(dv.ead_n(texts, n, v_ead[n - 1]))

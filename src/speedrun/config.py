@@ -175,7 +175,8 @@ PairKind = Literal["sft_sample", "hard", "random", "hh", "uf", "se", "task", "al
 DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ead_2", "ead_3", "word_gini",
                           "self_bleu", "ead_1_first", "distinct_2_first", "self_bleu_first", "within_distinct_1",
                           "within_distinct_2", "within_distinct_3", "within_self_bleu", "within_vendi",
-                          "within_semantic"]
+                          "within_semantic", "word_entropy", "across_semantic", "shared_4grams", "top_opening",
+                          "rep_4"]
 
 
 @dataclass(frozen=True, kw_only=True)

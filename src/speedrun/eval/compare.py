@@ -57,6 +57,7 @@ METRICS: list[Metric] = [
     Metric("ead_2", "EAD-2", "higher", "Pool diversity", union=True),
     Metric("ead_3", "EAD-3", "higher", "Pool diversity", union=True),
     Metric("word_gini", "Gini of word counts", "lower", "Pool diversity", union=True),
+    Metric("word_entropy", "entropy of word counts (bits)", "higher", "Pool diversity", union=True),
     Metric("self_bleu", "self-BLEU-4", "lower", "Pool diversity"),
     Metric("ead_1_first", "EAD-1, length-matched", "higher", "Length-matched diversity", union=True),
     Metric("distinct_2_first", "distinct-2, length-matched", "higher", "Length-matched diversity", union=True),
@@ -68,6 +69,14 @@ METRICS: list[Metric] = [
     Metric("within_vendi", "Vendi score within prompt (SFT embeddings)", "higher", "Within-prompt diversity"),
     Metric("within_semantic", "sentence-encoder distance within prompt (all-MiniLM-L6-v2)", "higher",
            "Within-prompt diversity"),
+    Metric("across_semantic", "sentence-encoder distance across prompts (all-MiniLM-L6-v2)", "higher",
+           "Across-prompt diversity"),
+    # a draw holds ~63% of the prompts, so fewer can share a 4-gram: rescaled as the union metrics are
+    Metric("shared_4grams", "word 4-grams also said to another prompt (%)", "lower", "Repeated phrasing", "{:.2f}",
+           union=True),
+    Metric("top_opening", "responses opening with the most common first three words (%)", "lower",
+           "Repeated phrasing", "{:.2f}"),
+    Metric("rep_4", "word 4-grams repeated within a response (%)", "lower", "Repeated phrasing", "{:.2f}"),
     Metric("em_dash_rate", "em/en dashes per 1k chars", "lower", "Style tells", "{:.3f}"),
     Metric("not_just_but", "'not just X but Y' per 100 responses", "lower", "Style tells", "{:.3f}"),
     Metric("ascii_dash_rate", "' -- ' (the corpus's dash) per 1k chars", "lower", "Style tells", "{:.3f}"),
@@ -173,7 +182,7 @@ def _pools(df: pd.DataFrame, order: list[str], reference: str | None, ead_vocab_
     names = [m.name for m in METRICS if (m.name != "ref_loglik" or "ref_logprob" in df.columns)
              and (m.name != "prompt_gain" or "prompt_gain" in df.columns)
              and (m.name != "tic_share" or tic) and (m.name != "within_vendi" or "embedding" in df.columns)
-             and (m.name != "within_semantic" or "sentence_embedding" in df.columns)
+             and (m.name not in ("within_semantic", "across_semantic") or "sentence_embedding" in df.columns)
              and (match_words > 0 or not (m.name.endswith("_first") or m.name == "short_share"))
              and (m.name != "stock_phrases" or phrases)]
     return pools, names, vocab, phrases, cell_sizes

@@ -1,4 +1,5 @@
-"""Diversity metrics on a list of texts: dashes, word Gini, distinct-n, EAD, self-BLEU, a stock phrase.
+"""Diversity metrics on a list of texts: dashes, word Gini and entropy, distinct-n, EAD, self-BLEU, a stock phrase,
+repetition within a text, n-grams shared across prompts, the most common opening.
 
 Words are re.findall(r"\\b\\w+\\b", text.lower()); n-grams never cross a text boundary.
 Metrics return 0.0 on empty input instead of NaN, so a metrics JSON always stays valid.
@@ -117,6 +118,55 @@ def gini(counts: Sequence[float]) -> float:
         return 0.0
     i = np.arange(1, n + 1)
     return float(np.sum((2 * i - n - 1) * x) / (n * total))
+
+
+def entropy_bits(counts: Sequence[float]) -> float:
+    """Shannon entropy (bits) of the distribution the counts define: log2(types) when flat, 0 for one type."""
+    x = np.asarray(counts, dtype=np.float64)
+    x = x[x > 0]
+    if x.size == 0:
+        return 0.0
+    p = x / x.sum()
+    return float(max(0.0, -(p * np.log2(p)).sum()))
+
+
+def word_entropy(texts: Sequence[str]) -> float:
+    """Unigram entropy (bits) of the pooled texts' words: higher = a flatter word-frequency distribution."""
+    return entropy_bits(list(Counter(w for t in texts for w in words(t)).values()))
+
+
+def rep_n(tokens: Sequence[str], n: int) -> float:
+    """Share of a text's n-grams that repeat one it said before (1 - distinct / total; seq-rep-n of Welleck et al.
+    2020): 0 for a text that never loops, 0 when it has no n-gram."""
+    grams = ngrams(tokens, n)
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+N_SHARED = 4  # rep_n and the n-grams shared across prompts read word 4-grams
+OPENING_WORDS = 3  # a response's opening: its first three words (all of them when it has fewer)
+
+
+def opening(tokens: Sequence[str]) -> tuple[str, ...]:
+    return tuple(tokens[:OPENING_WORDS])
+
+
+def top_opening_share(token_lists: Sequence[Sequence[str]]) -> float:
+    """Share of the texts that open with the most common opening (ties: any of them; the count is the same)."""
+    counts = Counter(opening(t) for t in token_lists)
+    return max(counts.values()) / len(token_lists) if token_lists else 0.0
+
+
+def shared_ngram_share(token_lists: Sequence[Sequence[str]], prompt_ids: Sequence[str], n: int = 4) -> float:
+    """Share of the pooled n-grams (with multiplicity) whose n-gram also occurs in an answer to another prompt: phrasing
+    a model reuses whatever it is asked. An echo of one prompt's own words, said to that prompt only, is not shared.
+    The plain reference implementation; Pool computes the same under bootstrap weights."""
+    prompts: dict[tuple[str, ...], set] = {}
+    for toks, pid in zip(token_lists, prompt_ids):
+        for g in ngrams(toks, n):
+            prompts.setdefault(g, set()).add(pid)
+    total = sum(max(len(t) - n + 1, 0) for t in token_lists)
+    shared = sum(1 for toks in token_lists for g in ngrams(toks, n) if len(prompts[g]) >= 2)
+    return shared / total if total else 0.0
 
 
 def word_gini(texts: Sequence[str]) -> float:
@@ -283,8 +333,8 @@ def slice_encoded(enc: Encoded, lo: int, hi: int) -> Encoded:
 
 
 def pool_metrics(enc: Encoded, w_row: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
-    """distinct-n, EAD-n (n = 1..3), Gini of word counts and self-BLEU-4 of a pool where row i counts w_row[i]
-    times (self-BLEU: the rows at bleu_pos)."""
+    """distinct-n, EAD-n (n = 1..3), Gini and entropy of word counts and self-BLEU-4 of a pool where row i counts
+    w_row[i] times (self-BLEU: the rows at bleu_pos)."""
     out = {}
     for k in (1, 2, 3):
         grams, weight = enc.grams[k - 1], w_row[enc.rows[k - 1]]
@@ -295,5 +345,6 @@ def pool_metrics(enc: Encoded, w_row: np.ndarray, bleu_pos: np.ndarray, vocab: l
         if k == 1:
             word_counts = np.bincount(grams, weights=weight * enc.counts[0], minlength=1)
             out["word_gini"] = gini(word_counts[word_counts > 0])
+            out["word_entropy"] = entropy_bits(word_counts)
     out["self_bleu"] = float(self_bleu_scores(enc, bleu_pos, 4).mean())
     return out

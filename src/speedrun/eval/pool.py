@@ -46,6 +46,7 @@ class Pool:
             self.ref_ll = per_cell(df["ref_logprob"].astype(float).to_numpy())
         if "prompt_gain" in df.columns:  # that answer's log-likelihood under its own prompt over another's
             self.prompt_gain = per_cell(df["prompt_gain"].astype(float).to_numpy())
+        self._text_patterns(df, enc)
         members = [np.flatnonzero(self.cell == j) for j in range(n_cells)]
         self.within = {f"within_distinct_{k}": np.asarray(
             [dv.distinct_n([texts[i] for i in rows], k) for rows in members]) for k in (1, 2, 3)}
@@ -56,6 +57,38 @@ class Pool:
         if "sentence_embedding" in df.columns:  # a sentence encoder's unit vector per response (eval.semantic)
             emb = np.stack(df["sentence_embedding"].to_numpy())
             self.within["within_semantic"] = np.asarray([semantic.pairwise_distance(emb[rows]) for rows in members])
+            self.across = per_cell(semantic.across_distance(emb, df["prompt_id"], df["seed"], df["sample_idx"]))
+
+    def _text_patterns(self, df: pd.DataFrame, enc: dv.Encoded) -> None:
+        """Per response: its share of repeated 4-grams (rep_n) and its opening; per (4-gram, prompt) pair held, so a
+        draw counts the 4-grams said to two or more of its prompts (dv.shared_ngram_share)."""
+        n_rows, k = len(df), dv.N_SHARED - 1
+        rows, grams, counts = enc.rows[k], enc.grams[k], enc.counts[k]
+        total = np.bincount(rows, weights=counts, minlength=n_rows)
+        distinct = np.bincount(rows, minlength=n_rows)
+        self.rep = np.bincount(self.cell, weights=np.where(total > 0, 1.0 - distinct / np.maximum(total, 1), 0.0),
+                               minlength=len(self.cells))
+        openings: dict[tuple, int] = {}
+        self.opening = np.asarray([openings.setdefault(dv.opening(dv.words(t)), len(openings)) for t in df["text"]],
+                                  dtype=np.int64)
+        prompts = {p: i for i, p in enumerate(sorted({p for p, _ in self.cells}))}
+        prompt_of_cell = np.asarray([prompts[p] for p, _ in self.cells], dtype=np.int64)
+        self.gram_rows, self.gram_ids, self.gram_counts = rows, grams, counts.astype(np.float64)
+        # each (4-gram, cell) once, and the (4-gram, prompt) pair it belongs to: a draw keeps a pair alive while one
+        # of its cells is drawn
+        cell_pair = np.unique(grams * len(self.cells) + self.cell[rows])
+        self.pair_cell = cell_pair % len(self.cells)
+        prompt_pair = (cell_pair // len(self.cells)) * len(prompts) + prompt_of_cell[self.pair_cell]
+        gp, self.pair_gp = np.unique(prompt_pair, return_inverse=True)
+        self.gp_gram = gp // len(prompts)
+        self.n_types = max(enc.n_types[k], 1)
+
+    def _shared(self, w_cell: np.ndarray, w_row: np.ndarray) -> float:
+        """Share of the draw's 4-grams (weighted) whose 4-gram is said to at least two of the draw's prompts."""
+        alive = np.bincount(self.pair_gp[w_cell[self.pair_cell] > 0], minlength=self.gp_gram.size) > 0
+        held = np.bincount(self.gp_gram[alive], minlength=self.n_types)  # prompts of the draw saying the 4-gram
+        weight = w_row[self.gram_rows] * self.gram_counts
+        return float(weight @ (held[self.gram_ids] >= 2)) / max(float(weight.sum()), 1e-12)
 
     def metrics(self, w_cell: np.ndarray, bleu_pos: np.ndarray, vocab: list[int]) -> dict:
         """All metrics on the pool where cell j counts w_cell[j] times."""
@@ -78,6 +111,11 @@ class Pool:
         for name, per_cell in self.within.items():
             out[name] = (w_cell @ per_cell) / w_cell.sum()
         w_row = w_cell[self.cell]
+        out["rep_4"] = 100.0 * (w_cell @ self.rep) / n_resp
+        out["top_opening"] = 100.0 * np.bincount(self.opening, weights=w_row).max() / n_resp
+        out["shared_4grams"] = 100.0 * self._shared(w_cell, w_row)
+        if hasattr(self, "across"):
+            out["across_semantic"] = (w_cell @ self.across) / n_resp
         out |= dv.pool_metrics(self.enc, w_row, bleu_pos, vocab)
         if self.enc_first is not None:
             first = dv.pool_metrics(self.enc_first, w_row, bleu_pos, vocab)

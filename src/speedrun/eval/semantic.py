@@ -26,6 +26,21 @@ def pairwise_distance(emb: np.ndarray) -> float:
     return max(0.0, float(1.0 - (s @ s - n) / (n * (n - 1))))  # identical rows: 0, not a rounding error below it
 
 
+def across_distance(emb: np.ndarray, prompt_ids, seeds, sample_idx) -> np.ndarray:
+    """Per row: 1 - its mean cosine with the rows of the same (seed, sample_idx) draw for every other prompt (one row
+    per prompt there): how far an answer lies from what the model says to the other prompts (0 for a lone row)."""
+    emb = np.asarray(emb, dtype=np.float64)
+    keys = pd.DataFrame({"prompt": list(prompt_ids), "seed": list(seeds), "sample": list(sample_idx)})
+    out = np.zeros(len(emb))
+    for rows in keys.groupby(["seed", "sample"], sort=True).indices.values():
+        n = len(rows)
+        if n < 2:
+            continue
+        s = emb[rows].sum(0)
+        out[rows] = np.maximum(0.0, 1.0 - (emb[rows] @ s - 1.0) / (n - 1))  # the row's cosine with itself is 1
+    return out
+
+
 def diversity(answers: pd.DataFrame, emb: np.ndarray, by: str = "item_id") -> dict[str, float]:
     """Mean over groups (`by`) of the within-group pairwise distance, overall and per cluster (when the frame has
     one). `emb` rows align with `answers` rows."""
