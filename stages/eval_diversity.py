@@ -16,9 +16,10 @@ from speedrun.common import UserError, files_digest, pick_device, read_json, wri
 from speedrun.data.docstrings import load_objects
 from speedrun.data.gold import distractor_pool, gold_items
 from speedrun.embeddings import embed, load_encoder
-from speedrun.eval.compare import evaluate, flat_metrics
+from speedrun.eval.compare import METRIC_BY_NAME, evaluate, flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
+from speedrun.eval.equal_reward import equal_reward_section
 from speedrun.eval.report import heldout_wording, write_report
 from speedrun.eval.sampling import embed_texts, prompt_gain_summary, run_name, sample_models
 from speedrun.eval.task import compare_task, sample_task, task_section
@@ -119,10 +120,11 @@ def gold_task_items(p, io) -> tuple[list, list]:
 
 
 def temperature_phase(p, io, draw: dict, tok, vocab: list[int], d: distributed.Dist
-                      ) -> tuple[pd.DataFrame, torch.nn.Module, object, dict, list[str]]:
+                      ) -> tuple[pd.DataFrame, dict[str, float], torch.nn.Module, object, dict, list[str]]:
     """The SFT model sampled at each control temperature (draw: sample_models' settings), its responses embedded by
     the SFT model's states and by the sentence encoder, and control_check's verdict; returns the samples, the two
-    embedders (every model's responses use them later), the control and the primaries that pass it."""
+    embedders (every model's responses use them later), the control and the primaries that pass it; returns the
+    samples, their {model: temperature}, the two embedders, the control and its primaries."""
     temps = {f"sft@T{t:g}": t for t in p.eval.control_temperatures}
     control_samples = pd.concat(distributed.map_jobs(  # each model on one rank (map_jobs), every rank gets all rows
         lambda job: sample_models({job[0]: io.sft_dir}, pairs_path=None, temperature=job[1], **draw),
@@ -132,7 +134,7 @@ def temperature_phase(p, io, draw: dict, tok, vocab: list[int], d: distributed.D
     encoder = load_encoder(d.device)  # a sentence encoder: meaning, where the SFT model's states read words
     control_samples["sentence_embedding"] = list(embed(encoder, control_samples["text"].tolist()))
     control, primary = control_check(control_samples, temps, p.eval, vocab, p.seed)  # every rank stops or goes
-    return control_samples, embedder, encoder, control, primary
+    return control_samples, temps, embedder, encoder, control, primary
 
 
 def main(p, io) -> None:
@@ -155,7 +157,7 @@ def main(p, io) -> None:
     draw = dict(tok=tok, rm=rm, prompts=df, ids=ids, seeds=c.seeds, samples_per_prompt=c.samples_per_prompt,
                 max_new_tokens=c.max_new_tokens, top_p=c.top_p, seed=p.seed, device=dev, **resume)
     # the temperature control first: which primaries can see diversity at all
-    control_samples, embedder, encoder, control, primary = temperature_phase(p, io, draw, tok, vocab, d)
+    control_samples, temps, embedder, encoder, control, primary = temperature_phase(p, io, draw, tok, vocab, d)
 
     all_items, items = gold_task_items(p, io)
     models = {"sft": io.sft_dir} | {run_name(v, s): io.runs_dir / f"{v}_s{s}" for v in sampling for s in seeds_trained}
@@ -185,7 +187,7 @@ def main(p, io) -> None:
     variants = {v: [run_name(v, s) for s in seeds_trained] for v in sampling}
     result = evaluate(samples, variants, pairs_list, reference="sft", primary=primary,
                       reward_keep=c.reward_keep, n_boot=c.n_boot, seed=p.seed, ead_vocab_size=vocab,
-                      tic=p.grpo.controls.tic, match_words=c.match_words)
+                      tic=p.grpo.controls.tic, match_words=c.match_words, control=control_samples, temperatures=temps)
 
     task = compare_task(answers, variants, pairs_list, "sft", c.gold.margin, c.n_boot, p.seed)
     task["copy_probe"] = copy_probe(embedder, *merged_tokens(tok), p.seed, dev)  # embedder: the SFT model
@@ -208,7 +210,9 @@ def main(p, io) -> None:
              "held-out split": heldout_wording({s for srcs in df["srcs"] for s in srcs}, p.sft.source, left_out)}
     lead = [manipulation_section(manipulation, first["a"], first["b"]),
             ordering_section(control, list(c.primary), primary),
-            power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE."]
+            power_section(power, first, first["b"], "sft") if power else "## Power\n\nOne run per variant: no MDE.",
+            equal_reward_section(result["equal_reward"], [m for m, x in control["metrics"].items() if x["passes"]],
+                                 METRIC_BY_NAME)]
     extra = [task_section(task, "sft", task["copy_probe"], task["prompt_gain"]),
              "## Adversarial track\n\nSee [adversarial.md](adversarial.md)."]
     md = write_report(result, samples, logs, weights, io.report, io.fig_dir, setup, extra_sections=extra,

@@ -32,6 +32,7 @@ import pandas as pd
 from speedrun.common import UserError, stable_hash, stable_seed
 from speedrun.eval import diversity as dv
 from speedrun.eval import stats
+from speedrun.eval.equal_reward import equal_reward
 from speedrun.eval.pool import Pool, draw_cells
 
 GOOD = ("lower", "higher", "neutral")
@@ -269,11 +270,34 @@ def _compare(values: dict, boot: dict, names: list[str], primary: list[str] | tu
             "noninferiority": ni, "per_seed": per_seed}
 
 
+def _control_scores(control: pd.DataFrame, temperatures: dict[str, float], df: pd.DataFrame, names: list[str],
+                    vocab: list[int], tic: str, match_words: int, n_boot: int, seed: int, self_bleu_k: int,
+                    where: str) -> tuple[dict, dict, list[str]]:
+    """The reference sampled at each temperature ({model: T}), scored on the same bootstrap draws as the compared
+    models (the draws follow the seed and the cells, which must be the same): (values, boot, the metrics both have)."""
+    where = f"{where} (temperature control)"
+    cdf = _validate(control, where)
+    order = sorted(temperatures, key=temperatures.get)
+    missing = [m for m in order if m not in set(cdf["model"])]
+    if missing or len(order) < 2:
+        raise UserError(f"{where}: needs two or more temperature models; missing {missing} of {order}")
+    keys = ["prompt_id", "seed", "sample_idx"]
+    a, b = df[df["model"] == df["model"].iloc[0]][keys], cdf[cdf["model"] == order[0]][keys]
+    if len(a) != len(b) or not (a.to_numpy() == b.to_numpy()).all():
+        raise UserError(f"{where}: its (prompt_id, seed, sample_idx) rows differ from the compared models': the "
+                        "envelope is read on the same draws")
+    cpools, cnames, *_ = _pools(cdf[cdf["model"].isin(order)], order, None, vocab, tic, match_words, where)
+    common = [n for n in names if n in cnames]
+    cvalues, cboot, _ = _bootstrap(cpools, common, vocab, n_boot, seed, self_bleu_k)
+    return cvalues, cboot, common
+
+
 def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
              comparisons: list[tuple[str, str]] | None = None, reference: str | None = "sft",
              primary: list[str] | tuple[str, ...] = (), reward_keep: float = 0.8, n_boot: int = 1000,
              seed: int = 0, self_bleu_k: int = 256, ead_vocab_size: list[int] | None = None, tic: str = "",
-             match_words: int = 0, where: str = "samples") -> dict:
+             match_words: int = 0, where: str = "samples", control: pd.DataFrame | None = None,
+             temperatures: dict[str, float] | None = None) -> dict:
     """Metrics per model on its whole pool; per comparison (a, b) of variants, Δ of run means with the interval
     of stats.py, Holm over `primary`, and reward non-inferiority: a keeps at least `reward_keep` of b's reward gain
     over the reference (margin = (1 - reward_keep) x that gain's point estimate; no reference: no verdict).
@@ -286,7 +310,9 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
     evaluated; None = the number of distinct n-grams (per n) over all models' samples (it does). tic: the planted
     tic whose share of responses is counted ('' = not counted). match_words: > 0 adds the length-matched metrics,
     EAD-1, distinct-2 and self-BLEU-4 over each response's first match_words words (a longer response cannot score
-    as more or less diverse by its extra words alone). JSON-ready dict.
+    as more or less diverse by its extra words alone). control, temperatures: the reference sampled at several
+    temperatures ({model in control: T}, on the same rows): adds "equal_reward", each run's diversity against the
+    reference's temperature envelope at the run's reward (eval/equal_reward.py). JSON-ready dict.
     """
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
@@ -316,6 +342,13 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                                         "ci_high": float(hi[j]),
                                         "verdict": verdict(METRIC_BY_NAME[n].good, lo[j], hi[j])}
                                     for j, n in enumerate(names)}
+    er = None
+    if control is not None and variants:
+        cvalues, cboot, common = _control_scores(control, temperatures or {}, df, names, vocab, tic, match_words,
+                                                 n_boot, seed, self_bleu_k, where)
+        cols = [names.index(n) for n in common]
+        er = equal_reward(values | cvalues, {m: x[:, cols] for m, x in boot.items()} | cboot, temperatures, variants,
+                          comparisons, common, METRIC_BY_NAME)
     cells = pools[order[0]].cells
     seeds = sorted({s for _, s in cells})
     return {
@@ -336,7 +369,7 @@ def evaluate(samples: pd.DataFrame, variants: dict[str, list[str]],
                   "n_boot": n_boot, "bootstrap_seed": seed, "self_bleu_k": int(k), "ead_vocab_size": vocab,
                   "reward_keep": reward_keep, "tic": tic, "match_words": match_words,
                   "stock_phrases": [" ".join(g) for g in phrases]},
-    }
+    } | ({"equal_reward": er} if er is not None else {})
 
 
 def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
@@ -358,6 +391,10 @@ def flat_metrics(result: dict) -> dict[str, dict[str, float]]:
     for v, by_metric in result.get("vs_reference", {}).items():
         out[f"{v}_vs_{result['reference']}"] = {f"{n}{suffix}": by_metric[n][key] for n in shown if n in by_metric
                                                  for suffix, key in bounds}
+    er = result.get("equal_reward")  # each variant's gap below the SFT envelope, each comparison's at matched reward
+    for name, d in (list(er["variants"].items()) + list(er["comparisons"].items())) if er else []:
+        out[f"{name.replace(' - ', '_vs_')}_at_equal_reward"] = {f"{n}{suffix}": d[n][key] for n in shown if n in d
+                                                                 for suffix, key in bounds}
     # the evaluation stage's checks and the gold task, where the result holds them
     if result["comparisons"]:
         first = out[f"{result['comparisons'][0]['a']}_vs_{result['comparisons'][0]['b']}"]
