@@ -74,7 +74,8 @@ def test_preflight_stops_a_typo_in_the_trained_clusters(tmp_path, monkeypatch):
     """The embedded task's cluster names are checked before any stage runs; a hub task's are its data's (the knob
     does not apply there)."""
     monkeypatch.chdir(REPO)
-    out = ["--out", str(tmp_path / "preflight.txt")]
+    # every output in tmp_path: the base links too (run in the repo, they were written into its outs/)
+    out = ["--out", str(tmp_path / "preflight.txt"), "--base", str(tmp_path / "b"), "--task-base", str(tmp_path / "t")]
     res = runner.invoke(cli.app, ["preflight", "-S", "task.train_clusters=[numbers,evns]", *out])
     assert res.exit_code != 0 and "task.train_clusters[1]: 'evns' is not a cluster" in res.output
     assert runner.invoke(cli.app, ["preflight", "-S", "task.source=gsm8k", "-S", "task.train_clusters=[c1]",

@@ -164,6 +164,12 @@ def test_envelope_drops_dominated_temperatures_and_bends_with_the_curve():
     assert envelope_at(pts, np.array([0.43]))[0][0] > chord
     extended, flag = envelope_at(pts, np.array([0.54]), extend=True)
     assert flag[0] and extended[0] == pytest.approx(1.8 + (1.8 - 2.8) / (0.50 - 0.46) * 0.04)
+    # the coldest temperature dominated (less pass@1 and less coverage than the next): the line leans on the next two
+    # envelope points, so it falls past the curve's end instead of rising along the dominated one
+    cold = np.array([[0.1, 0.44, 1.0], [0.25, 0.50, 1.8], [0.5, 0.46, 2.8]])
+    assert dominated(cold).tolist() == [True, False, False]
+    assert envelope_at(cold, np.array([0.54]), extend=True)[0][0] == pytest.approx(1.8 - 25.0 * 0.04)
+    assert envelope_at(cold[:2], np.array([0.54]), extend=True)[0][0] == pytest.approx(1.8)  # one left: flat
     from scipy.interpolate import PchipInterpolator
     x, y = np.array([0.1, 0.3, 0.7, 1.0, 1.6]), np.array([0.5, 1.9, 3.2, 3.3, 2.1])
     xs = np.linspace(0.1, 1.6, 41)

@@ -5,8 +5,9 @@ coordinate by a monotone cubic (Fritsch-Carlson PCHIP), because a chord between 
 best coverage the model reaches at pass@1 p or higher: temperatures that are worse on both axes than another (too hot
 to help) drop out, so an arm below a hot temperature's pass@1 is compared with the best the model does, not with its
 worst. Above the highest pass@1 sampled there is no curve: the reading is flagged `outside`, and is either the
-highest-pass@1 point's coverage or (extend=True) the line through the two highest-pass@1 points (flat where they lie
-less than MIN_STEP apart in pass@1)."""
+highest-pass@1 point's coverage or (extend=True) the line through the two highest-pass@1 points of those no other
+point beats on both axes (flat where they lie less than MIN_STEP apart in pass@1, or where only one is left): a line
+through a dominated point could rise past the curve's end, which the envelope, never rising with pass@1, cannot)."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,7 +67,8 @@ def envelope_at(points: np.ndarray, targets: np.ndarray, extend: bool = False) -
     outside = n_at_or_above == 0
     values = best[np.maximum(n_at_or_above - 1, 0)]
     if extend and outside.any():
-        top = points[np.argsort(-points[:, 1], kind="stable")[:2]]
+        front = points[~dominated(points)]  # the envelope's own points: a dominated one would tilt the line upward
+        top = front[np.argsort(-front[:, 1], kind="stable")[:2]]
         dp = top[0, 1] - top[1, 1] if len(top) > 1 else 0.0
         slope = (top[0, 2] - top[1, 2]) / dp if dp >= MIN_STEP else 0.0  # two points closer than that: no slope
         values = np.where(outside, top[0, 2] + slope * (targets - top[0, 1]), values)
