@@ -1,8 +1,8 @@
 """Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model (side by side with the track's
 other stale runs on CPU: speedrun.runs). The arms (params.yaml grpo.variants, those of grpo.run trained) differ in
 how prompts are drawn (density-aware, uniform, group-balanced) and, for the controls, in what is rewarded (a planted
-tic, shuffled rewards, an entropy bonus); runs of an arm only in the training seed (grpo.seeds). A run takes about a
-minute on CPU and keeps no resume state: an interrupted run starts over."""
+tic, shuffled rewards, an entropy bonus, a bonus for distinct answers); runs of an arm only in the training seed
+(grpo.seeds). A run takes about a minute on CPU and keeps no resume state: an interrupted run starts over."""
 
 import pandas as pd
 import torch
@@ -10,7 +10,7 @@ import torch
 from speedrun.engine import completion_texts
 from speedrun.common import stable_seed
 from speedrun.reward.preference import RewardModel
-from speedrun.rl.controls import dense_groups, plant_tic, shuffle_rewards
+from speedrun.rl.controls import dense_groups, distinctness, plant_tic, shuffle_rewards
 from speedrun.rl.density import effective_sample_size, group_shares, share_entropy
 from speedrun.rl.grpo import require_reward_signal
 from speedrun.rl.prompts import load_prompts, pool_subset, sampling_weights
@@ -51,24 +51,32 @@ def main(p, io, variant: str, seed: int) -> None:
     in_scope = torch.tensor([arm.tic_scope == "all" or g in dense for g in groups])
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
     tic_rows: list[float] = []
+    distinct_rows: list[float] = []  # the step's mean distinctness: the bonus arm's manipulation, every arm's trace
 
     def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
         r = score_samples(rm, batch, s, tok.bos_id, standardise=True)
         if arm.reward == "shuffled":  # (across processes: within each process's share)
             r = shuffle_rewards(r, shuffler)
         eligible = in_scope[draw.step_idx[distributed.rank_share(len(draw.step_idx), d)]][s.prompt_index.cpu()]
-        r, has = plant_tic(r, completion_texts(s, tok), p.grpo.controls.tic, arm.tic_bonus, eligible)
+        texts = completion_texts(s, tok)
+        r, has = plant_tic(r, texts, p.grpo.controls.tic, arm.tic_bonus, eligible)
         n_tic = distributed.all_reduce_sum(has.double().sum().to(dev), d)  # over every process's completions
         tic_rows.append(float(n_tic) / (len(draw.step_idx) * cfg.group_size))
+        far = distinctness(texts, cfg.group_size)  # a process holds whole groups (its share of the step's prompts)
+        r = r + arm.distinct_bonus * far.to(r.dtype) if arm.distinct_bonus else r
+        distinct_rows.append(float(distributed.all_reduce_sum(far.double().sum().to(dev), d))
+                             / (len(draw.step_idx) * cfg.group_size))
         return r
 
     ess = effective_sample_size(weights)
     if d.is_main:
         print(f"grpo {variant} seed {seed} ({sampling}, reward {arm.reward}, tic bonus {arm.tic_bonus} on "
-              f"{arm.tic_scope}, entropy bonus {arm.entropy_bonus}): {len(ids)} train prompts, weight ESS {ess:.0f} "
+              f"{arm.tic_scope}, entropy bonus {arm.entropy_bonus}, distinct bonus {arm.distinct_bonus}): "
+              f"{len(ids)} train prompts, weight ESS {ess:.0f} "
               f"({ess / len(ids):.1%}), {d.world} process(es) on {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = grpo_train(policy, ref, ids, draw, reward, cfg, dev, tok.assistant_end_id, tok.bos_id,
-                        extra_stats=lambda idx: {"weight_ess": ess, "tic_share": tic_rows[-1]},
+                        extra_stats=lambda idx: {"weight_ess": ess, "tic_share": tic_rows[-1],
+                                                 "distinctness": distinct_rows[-1]},
                         name=f"grpo_{variant}_s{seed}", stream="grpo", d=d)  # every variant: the same random numbers
     if not d.is_main:
         distributed.teardown()
@@ -78,10 +86,11 @@ def main(p, io, variant: str, seed: int) -> None:
     draws = draw.counts
     shares_d = group_shares(draws.double() / draws.sum(), groups)
     m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log), "truncated": cfg.truncated,
-         **log_means(log, start={"reward_start": ("reward_mean", 4), "tic_share_start": ("tic_share", 4)},
+         **log_means(log, start={"reward_start": ("reward_mean", 4), "tic_share_start": ("tic_share", 4),
+                                 "distinctness_start": ("distinctness", 4)},
                      end={"reward_end": ("reward_mean", 4), "kl_end": ("kl", 5),
                           "completion_len_end": ("completion_len", 2), "truncated_frac_end": ("truncated_frac", 4),
-                          "tic_share_end": ("tic_share", 4)}),
+                          "tic_share_end": ("tic_share", 4), "distinctness_end": ("distinctness", 4)}),
          "epochs": round(float(draws.sum()) / len(ids), 4), "draws_per_prompt_max": int(draws.max()),
          "weight_ess": round(ess, 1), "weight_ess_frac": round(ess / len(ids), 4),
          "group_share_entropy": round(share_entropy(shares_w), 4),

@@ -8,7 +8,7 @@ from conftest import grpo_config
 from speedrun import params
 from speedrun.engine import distribution_entropy, sequence_logprobs
 from speedrun.eval.compare import evaluate
-from speedrun.rl.controls import balanced_weights, dense_groups, plant_tic, shuffle_rewards
+from speedrun.rl.controls import balanced_weights, dense_groups, distinctness, plant_tic, shuffle_rewards
 from speedrun.rl.density import draw_prompts, group_shares
 from speedrun.rl.trainer import grpo_train
 from test_rl_trainer import toy_policy
@@ -89,6 +89,46 @@ def test_entropy_bonus_raises_the_policys_entropy_where_the_reward_says_nothing(
     assert boosted > flat + 0.05, (boosted, flat)  # a constant reward alone leaves the policy as it was
 
 
+def test_distinctness_by_hand():
+    # group 1: "a b" vs "a c": shingles {a, b, ab} and {a, c, ac}, Jaccard 1/5; the same text twice: 0 apart
+    got = distinctness(["a b", "A c", "x y", "x y"], 2)
+    assert got.tolist() == pytest.approx([0.8, 0.8, 0.0, 0.0])
+    # three in a group: each one's mean over the other two; disjoint answers are 1 apart, empty ones alike
+    assert distinctness(["p", "q", "p", "", ""], 5).tolist() == pytest.approx([0.75, 1.0, 0.75, 0.75, 0.75])
+    with pytest.raises(ValueError, match="groups of 2"):
+        distinctness(["a", "b", "c"], 2)
+
+
+def test_distinct_bonus_keeps_a_policys_answers_apart_beyond_the_same_bonus_shuffled():
+    """The positive control's mechanism on a toy policy: paying each completion its distinctness from its group keeps
+    the groups' answers apart (and the policy's entropy up) where the same payments shuffled across completions (a
+    reward with the same spread and no link, which alone sharpens this toy) do not. Two training seeds."""
+    prompts, probe = [[1, 2], [1, 3, 4]], torch.tensor([[5, 6, 7, 8], [8, 9, 3, 2]])
+
+    def run(shuffled: bool, seed: int) -> tuple[float, float]:
+        policy, ref = toy_policy(0), toy_policy(0)
+        for m in (policy, ref):
+            torch.nn.init.normal_(m.lm_head.weight, std=1.0, generator=torch.Generator().manual_seed(1))  # peaked
+        weights = torch.full((2,), 0.5, dtype=torch.float64)
+        cfg = grpo_config("grpo.train", steps=20, prompts_per_step=2, group_size=4, max_new_tokens=4, lr=1e-2,
+                          beta=0.0, warmup_steps=1, seed=seed, entropy_bonus=0.0)
+        g, seen = torch.Generator().manual_seed(5), []
+
+        def reward(batch, s) -> torch.Tensor:
+            far = distinctness([" ".join(f"t{t}" for t in row) for row in s.tokens.tolist()], 4)
+            seen.append(float(far.mean()))
+            return shuffle_rewards(far, g) if shuffled else far
+        grpo_train(policy, ref, prompts, lambda step, gen: draw_prompts(weights, 2, gen), reward, cfg, "cpu",
+                   stop_id=None, pad_id=0)
+        with torch.no_grad():
+            ent = float(sequence_logprobs(policy, prompts, probe, mask=torch.ones(2, 4), entropy=True)[1].mean())
+        return sum(seen[10:]) / 10, ent
+
+    for seed in (0, 1):
+        (far_null, ent_null), (far, ent) = run(True, seed), run(False, seed)
+        assert far > far_null + 0.1 and ent > ent_null + 0.2, (seed, far, far_null, ent, ent_null)
+
+
 def test_the_evaluation_counts_the_planted_tic():
     rows = [dict(model=m, prompt_id=f"p{p}", seed=0, sample_idx=j, reward=0.0,
                  text=("a; b" if (m == "grpo_tic_s1" and j == 0) else "a b c d"))
@@ -107,5 +147,7 @@ def test_every_control_arm_is_defined_and_grpo_run_names_only_arms():
     assert {arms[v].sampling for v in ("dense_tic_uniform", "dense_tic_density", "dense_tic_balanced")} == {
         "uniform", "density", "balanced"}
     assert arms["shuffled"].reward == "shuffled" and arms["entropy"].entropy_bonus > 0
+    assert arms["distinct"].distinct_bonus > 0 and arms["balanced"].sampling == "balanced"
+    assert all(a.distinct_bonus == 0 for v, a in arms.items() if v != "distinct")
     with pytest.raises(params.ParamsError, match=r"grpo.run\[2\]: 'nope' is not one of grpo.variants"):
         params.load(REPO_PARAMS, ["grpo.run=[density,baseline,nope]"])

@@ -285,6 +285,9 @@ class Variant:
                                               "the grpo.controls.dense_modules largest modules (mechanism control)")
     entropy_bonus: float = knob("eta: + eta * the policy's per-token entropy in the GRPO objective (entropy "
                                 "regularisation, a known mitigation of collapse; 0 = off)", ge=0)
+    distinct_bonus: float = knob("mu: + mu * each completion's distinctness from the rest of its group (mean "
+                                 "1 - Jaccard of word and bigram sets, rl.controls.distinctness) on the standardised "
+                                 "reward (the diversity positive control, after DARLING; 0 = off)", ge=0)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,16 @@
-"""What the control arms change (params.yaml grpo.variants): a planted tic, a reward with no information, and the
-group-balanced sampler. Pure functions of rewards, texts and prompt groups; stages/grpo.py wires them in.
+"""What the control arms change (params.yaml grpo.variants): a planted tic, a reward with no information, the
+group-balanced sampler and a bonus for distinct answers. Pure functions of rewards, texts and prompt groups;
+stages/grpo.py wires them in.
 
 Why these: a planted tic (a bonus for a corpus-native string) is a collapse the evaluation must see (positive
 control); paying it only on the densest modules asks whether a sampler that draws those modules less spreads it
 less (mechanism control); shuffled rewards keep GRPO's updates and KL anchor but carry no preference (negative
-control: drift, not reward-driven collapse)."""
+control: drift, not reward-driven collapse); a bonus for answers unlike the rest of their group raises diversity at
+an equal reward by construction (positive control for a diversity mechanism, in the spirit of DARLING, Li et al.
+2025, which pays quality times the share of the group in another meaning class)."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Sequence
 
@@ -52,3 +56,27 @@ def shuffle_within_groups(rewards: torch.Tensor, group_size: int, generator: tor
     g = rewards.view(-1, group_size)
     perm = torch.argsort(torch.rand(g.shape, generator=generator), dim=1)
     return g.gather(1, perm).reshape(-1)
+
+
+WORD_RE = re.compile(r"\b\w+\b")  # the evaluation's words (eval/diversity.py), lower-cased
+
+
+def _shingles(text: str) -> set:
+    w = WORD_RE.findall(text.lower())
+    return set(w) | set(zip(w, w[1:]))
+
+
+def distinctness(texts: Sequence[str], group_size: int) -> torch.Tensor:
+    """float32 [N]: per completion, the mean over the other completions to its prompt (groups of group_size in a
+    row) of 1 - the Jaccard similarity of their sets of words and word bigrams: 0 when the group says one thing, 1
+    when no two answers share a word. Two empty answers are alike."""
+    if group_size < 2 or len(texts) % group_size:
+        raise ValueError(f"distinctness: {len(texts)} texts do not split into groups of {group_size} (>= 2)")
+    sets = [_shingles(t) for t in texts]
+    out = torch.zeros(len(texts))
+    for start in range(0, len(texts), group_size):
+        group = sets[start:start + group_size]
+        for i, a in enumerate(group):
+            far = [1.0 - (len(a & b) / len(a | b) if a | b else 1.0) for j, b in enumerate(group) if j != i]
+            out[start + i] = sum(far) / len(far)
+    return out
