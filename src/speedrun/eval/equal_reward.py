@@ -6,7 +6,7 @@ temperatures gives points (reward, diversity) per metric; the envelope at reward
 reward r or higher, interpolated in temperature (eval/envelope.py, the task track's frontier with reward for pass@1).
 A run's gap = its value - the envelope at its own reward, signed so that > 0 reads "more diverse than the SFT model at
 that reward" (for a lower-is-better metric, less of it). Above the highest reward any temperature reaches there is no
-curve: the reading is extended along the two highest-reward points and flagged; `outside` is the share of bootstrap
+curve: the reading is extended along the envelope's two highest-reward points and flagged; `outside` is the share of bootstrap
 draws in which a run lies there. Every model and temperature is scored on the same bootstrap draws (compare.py); a
 variant's gap pools its runs (stats.pooled_delta against 0, the SFT model fixed), and a comparison a - b is the
 difference of the arms' gaps, each read at its own reward: diversity at matched reward."""
@@ -99,8 +99,8 @@ def equal_reward_section(er: dict, shown: list[str], metric_by_name: dict) -> st
              "a − b is the difference of the gaps: the arms read at matched reward.", ""]
     above = [f"{r} ({o['outside']['share']:.0%} of draws)" for r, o in er["runs"].items() if o["outside"]["share"] > 0]
     if above:
-        lines += ["Above every temperature's reward (read on the line through the two highest-reward points, an "
-                  "extrapolation): " + ", ".join(above) + ".", ""]
+        lines += ["Above every temperature's reward (read on the line through the envelope's two highest-reward "
+                  "points, an extrapolation that decides these readings): " + ", ".join(above) + ".", ""]
     rows = list(er["variants"].items()) + list(er["comparisons"].items())
     lines += ["| metric | " + " | ".join(name for name, _ in rows) + " |", "|---|" + "---|" * len(rows)]
     for n in shown:
