@@ -127,7 +127,7 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
          items_path: Path = typer.Option(Path("data/task/items.parquet"), help="the task stage's items")) -> None:
     torch.set_num_threads(threads)
     p = params_lib.load()
-    ck, source = load_base("smollm2-135m")
+    ck, source = load_base("smollm2-135m", "task.base")
     model = ck.model().float().eval()
     cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=False,
                               decode="dynamic", warm_up=False)

@@ -12,7 +12,7 @@ from speedrun.llama import Llama, LlamaConfig
 from speedrun.model import GPT, GPTConfig
 from speedrun.rl.density import draw_prompts
 from speedrun.rl.trainer import grpo_train
-from speedrun.trunk import freeze_trunk, frozen_trunk, require_shared_trunk
+from speedrun.trunk import freeze_trunk, frozen_linears_in, frozen_trunk, require_shared_trunk
 
 torch.set_num_threads(1)
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [5, 17, 33, 2]]
@@ -97,3 +97,26 @@ def test_grpo_with_a_frozen_trunk_is_the_hand_frozen_run_and_leaves_the_trunk_al
         assert moved == name.startswith(("blocks.2.", "norm_f.")), name
         assert torch.allclose(w, recomputed.state_dict()[name], atol=1e-4), name
     assert a.log[-1]["kl"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_frozen_linears_held_in_bf16_sample_what_autocast_samples(kind):
+    """Under bf16 autocast (pinned: a numerics test), holding the frozen blocks' Linear weights in bf16 for the decode
+    loop gives the same tokens and log-probs as autocast's own per-call casts; trainable weights stay fp32 inside, and
+    every weight is its fp32 self again, bit for bit, after."""
+    model = random_model(kind)
+    freeze_trunk(model, 2)
+    before = {n: w.detach().clone() for n, w in model.named_parameters()}
+    uniforms = torch.rand(len(PROMPTS) * 3, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = generate(model, PROMPTS, 3, 8, stop_id=3, pad_id=0, uniforms=uniforms)
+        with frozen_linears_in(model, torch.bfloat16):
+            held = generate(model, PROMPTS, 3, 8, stop_id=3, pad_id=0, uniforms=uniforms)
+            dtypes = {n: w.dtype for n, w in model.named_parameters()}
+    assert torch.equal(plain.tokens, held.tokens) and torch.equal(plain.logprobs, held.logprobs)
+    assert dtypes["blocks.0.mlp.c_fc.weight" if kind == "gpt" else "blocks.0.mlp.gate.weight"] == torch.bfloat16
+    assert {n for n, t in dtypes.items() if t == torch.bfloat16} == {
+        n for n, w in model.named_parameters() if n.startswith(("blocks.0.", "blocks.1.")) and w.ndim == 2}
+    assert all(torch.equal(w, before[n]) and w.dtype == torch.float32 for n, w in model.named_parameters())
+    with frozen_linears_in(model, None):  # nothing held
+        assert all(w.dtype == torch.float32 for w in model.parameters())

@@ -23,7 +23,7 @@ from speedrun.shapes import ShapeCounter, count_shapes, round_up, width_step
 from speedrun.train.distributed import Dist, all_gather_cat, all_reduce_grads, all_reduce_sum, rank_share
 from speedrun.train.checkpoint import save_model
 from speedrun.train.loop import autocast
-from speedrun.trunk import FrozenTrunk, freeze_trunk, frozen_trunk, require_shared_trunk
+from speedrun.trunk import FrozenTrunk, freeze_trunk, frozen_linears_in, frozen_trunk, require_shared_trunk
 
 # (step, generator) -> indices of the step's prompts
 DrawFn = Callable[[int, torch.Generator], torch.Tensor]
@@ -149,8 +149,11 @@ def rollout(policy: nn.Module, prompts: list[list[int]], draw: DrawFn, reward_fn
             share.start * G:share.stop * G]
         policy.eval()
         with torch.no_grad(), autocast(device, cfg.bf16):
-            s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id, uniforms=uniforms,
-                         decode=cfg.decode, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+            # frozen weights cast once, not per token (not under a captured decode: it keeps the weights' addresses)
+            with frozen_linears_in(policy, torch.bfloat16 if cfg.bf16 and cfg.decode != "compiled" else None):
+                s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id,
+                             uniforms=uniforms, decode=cfg.decode, temperature=cfg.temperature, top_k=cfg.top_k,
+                             top_p=cfg.top_p)
             local_rewards = reward_fn(batch, s).float().to(device)
         rewards = all_gather_cat(local_rewards, d).cpu()
         if select is None:
