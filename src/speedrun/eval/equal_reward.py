@@ -2,14 +2,15 @@
 
 Sampling the SFT model colder raises its reward and narrows its answers (sharpening); GRPO has narrowed them beyond
 that only where a run is less diverse than the SFT model at the same reward. The SFT model sampled at the control
-temperatures gives points (reward, diversity) per metric; the envelope at reward r is the most diversity it reaches at
-reward r or higher, interpolated in temperature (eval/envelope.py, the task track's frontier with reward for pass@1).
-A run's gap = its value - the envelope at its own reward, signed so that > 0 reads "more diverse than the SFT model at
-that reward" (for a lower-is-better metric, less of it). Above the highest reward any temperature reaches there is no
-curve: the reading is extended along the envelope's two highest-reward points and flagged; `outside` is the share of bootstrap
-draws in which a run lies there. Every model and temperature is scored on the same bootstrap draws (compare.py); a
-variant's gap pools its runs (stats.pooled_delta against 0, the SFT model fixed), and a comparison a - b is the
-difference of the arms' gaps, each read at its own reward: diversity at matched reward."""
+temperatures gives points (reward, diversity) per metric; the envelope at reward r is the most diversity it reaches
+at reward r or higher, interpolated in temperature (eval/envelope.py, the task track's frontier with reward for
+pass@1). A run's gap = its value - the envelope at its own reward, signed so that > 0 reads "more diverse than the
+SFT model at that reward" (for a lower-is-better metric, less of it). Above the highest reward any temperature
+reaches there is no curve: the reading is extended along the envelope's two highest-reward points and flagged;
+`outside` is the share of bootstrap draws in which a run lies there. Every model and temperature is scored on the
+same bootstrap draws (compare.py); a variant's gap pools its runs (stats.pooled_delta against 0, the SFT model
+fixed), and a comparison a - b is the difference of the arms' gaps, each read at its own reward: diversity at matched
+reward."""
 from __future__ import annotations
 
 import numpy as np
