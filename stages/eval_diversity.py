@@ -16,7 +16,8 @@ from speedrun.common import UserError, files_digest, pick_device, read_json, wri
 from speedrun.data.docstrings import load_objects
 from speedrun.data.gold import distractor_pool, gold_items
 from speedrun.embeddings import embed, load_encoder
-from speedrun.eval.compare import METRIC_BY_NAME, evaluate, flat_metrics
+from speedrun.eval.compare import METRIC_BY_NAME, evaluate
+from speedrun.eval.flat import flat_metrics
 from speedrun.eval.controls import (manipulation_check, manipulation_section, ordering_section, power_section,
                                     power_table, temperature_ordering)
 from speedrun.eval.equal_reward import equal_reward_section

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from speedrun.common import UserError
-from speedrun.eval.compare import METRIC_BY_NAME, evaluate, flat_metrics
+from speedrun.eval.compare import METRIC_BY_NAME, evaluate
+from speedrun.eval.flat import flat_metrics
 from speedrun.eval.equal_reward import equal_reward_section
 
 TEMPS = {"sft@T0.4": 0.4, "sft@T0.7": 0.7, "sft@T1": 1.0, "sft@T1.3": 1.3}

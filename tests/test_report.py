@@ -8,7 +8,8 @@ import pytest
 
 from speedrun.common import stable_seed
 from speedrun.eval import diversity as dv
-from speedrun.eval.compare import FAIL, PASS, UNSURE, evaluate, flat_metrics
+from speedrun.eval.compare import FAIL, PASS, UNSURE, evaluate
+from speedrun.eval.flat import flat_metrics
 from speedrun.eval.report import write_report
 
 VOCAB = [f"w{i}" for i in range(2000)]

@@ -2,7 +2,7 @@
 
     python -m speedrun.eval.replot reports/experiments/density-16-seeds   # writes <dir>/figures/*.png (ignored)
 
-From `metrics/diversity.json` (compare.flat_metrics' output) it draws what those numbers hold: every model's value
+From `metrics/diversity.json` (flat.flat_metrics' output) it draws what those numbers hold: every model's value
 per metric (metrics.png; the per-model intervals are in report.md, not in the metrics), one forest plot per
 comparison (forest_<a>_vs_<b>.png: pooled Δ, interval and verdict, each seed's Δ from the per-run values) and
 reward against the first primary per run (scatter.png). Training curves and sampling shares need the runs' logs,
@@ -28,7 +28,7 @@ app = new_app()
 
 
 def result_from_metrics(flat: dict) -> dict:
-    """The parts of compare.evaluate's result that flat_metrics keeps, in the shape figures.py reads. Primaries are
+    """The parts of compare.evaluate's result that flat.flat_metrics keeps, in the shape figures.py reads. Primaries are
     the metrics with an MDE share (flat_metrics writes one per primary); a model's interval is its value."""
     runs = sorted((k for k in flat if RUN.match(k)), key=lambda k: (RUN.match(k)[1], int(RUN.match(k)[2])))
     variants: dict[str, list[str]] = {}
