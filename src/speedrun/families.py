@@ -24,6 +24,7 @@ from speedrun.eval.stats import ALPHA, holm
 
 ROOT = Path("reports/experiments")
 START, END = "<!-- families: python -m speedrun.families --write -->", "<!-- /families -->"
+MARK = {"matched": "matched ", "same_temperature": "at T = 1 "}  # a task member's reading, where not the gap
 VERDICT = {1: "diversity-raising", -1: "diversity-lowering", 0: "no call"}
 app = new_app()
 
@@ -56,10 +57,11 @@ def task_rows(root: Path, members: list[dict]) -> list[str]:
         path = root / m["experiment"] / "metrics/task.json"  # absent while the plan is committed and the run is not
         r = kept.read_json(path) if kept.exists(path) else None
         comp = r["comparisons"][m["comparison"]] if r else None
-        results[(m["experiment"], m["comparison"])] = comp and comp[comp.get("primary", "gap")] | {
-            "matched": comp.get("primary") == "matched"}
+        reading = m.get("reading", comp.get("primary", "gap") if comp else "gap")  # a plan may fix another reading
+        results[(m["experiment"], m["comparison"])] = comp and comp[reading] | {"reading": reading}
     adjusted = holm({f"{e}/{c}": g["p"] for (e, c), g in results.items() if g})
-    rows = ["| experiment | comparison | Δ coverage beyond the frontier (at equal pass@1 where marked) [95% CI] | "
+    rows = ["| experiment | comparison | Δ coverage beyond the frontier (at equal pass@1 or T = 1 where marked) "
+            "[95% CI] | "
             "MDE (of the collapse) | p | family Holm p |", "|---|---|---|---:|---:|---:|"]
     for (e, c), g in results.items():
         if g is None:  # a run over upstream models is pooled (and read) only when every one is in
@@ -68,7 +70,7 @@ def task_rows(root: Path, members: list[dict]) -> list[str]:
             rows.append(f"| [{e}]({e}) | {c} | {state} | | | |")
             continue
         p = adjusted[f"{e}/{c}"]
-        rows.append(f"| [{e}]({e}) | {c} | {'matched ' if g['matched'] else ''}"
+        rows.append(f"| [{e}]({e}) | {c} | {MARK.get(g['reading'], '')}"
                     f"{_ci(g['value'], g['ci_low'], g['ci_high'])} | {g['mde']:.3f} "
                     f"({g['mde'] / g['collapse']:.0%}) | {g['p']:.3f} | {p:.3f}{' **called**' if p <= ALPHA else ''} |")
     return rows

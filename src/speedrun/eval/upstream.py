@@ -56,7 +56,9 @@ def pool(root: Path) -> dict:
             if all(k in r["comparisons"][comp] for r in results.values()):
                 res[k] = cluster_interval([r["comparisons"][comp][k]["value"] for r in results.values()])
         gaps = [r["frontier_gap"][c["control"]]["gap"] for r in results.values()]
-        res[primary]["collapse"] = round(-float(np.mean(gaps)), 4)  # the control's own gap below the envelope
+        for k in READINGS:  # the control's own gap below the envelope: what every reading's MDE is a share of
+            if k in res:
+                res[k]["collapse"] = round(-float(np.mean(gaps)), 4)
         readings = {k: res[k]["value"] for k in READINGS if k in res}
         res["range"] = {"low": min(readings.values()), "high": max(readings.values()), "readings": readings}
         out["comparisons"][comp] = res
