@@ -4,8 +4,8 @@ not a reading any plan fixed; docs/LOG.md 2026-11-29). Per upstream seed of an e
 arm's own right answers would give if thinned, per item, to as many right answers as each rm run gave (expected
 distinct values drawn without replacement: a pure loss of right answers, no narrowing); and the rm arm's coverage. The
 thinned-minus-shuffled part is the loss that fewer right answers explain; rm minus thinned is the narrowing at equal
-right answers (thinning the pooled shuffled runs inflates it by about 0.1, a referee's calibration). Then Δgap against
-Δpass@1 across upstream seeds.
+right answers (thinning to the pooled shuffled runs inflates it: bench/rarefaction_bias.py; the symmetric reading
+per run pair is speedrun.eval.rarefaction.narrowing). Then Δgap against Δpass@1 across upstream seeds.
 
     python analysis/task_rm_decomposition.py reports/experiments/task-rm-collapse-10-upstream"""
 from __future__ import annotations
@@ -15,24 +15,12 @@ from pathlib import Path
 import numpy as np
 import typer
 from scipy import stats
-from scipy.special import gammaln
 
 from speedrun import kept
+from speedrun.eval.rarefaction import expected_distinct
 from speedrun.typer_app import new_app
 
 app = new_app()
-
-
-def expected_distinct(counts: list[int], k: int) -> float:
-    """Expected distinct values among k draws without replacement from a multiset with these value counts."""
-    n = sum(counts)
-    k = min(k, n)
-    if k == 0:
-        return 0.0
-
-    def log_choose(a: int, b: int) -> float:
-        return gammaln(a + 1) - gammaln(b + 1) - gammaln(a - b + 1)
-    return sum(1 - (np.exp(log_choose(n - c, k) - log_choose(n, k)) if n - c >= k else 0.0) for c in counts)
 
 
 @app.command(help=__doc__)
