@@ -111,6 +111,9 @@ def call(root: Path, pooled: dict, collapse: float, read: bool) -> list[str]:
     r = pooled["comparisons"][f"{ORACLE}:{RM}"]["range"]
     return [f"- {ORACLE}:{RM}, Δ coverage at T = 1: {_ci(g)}, p {g['p']:.4f}, Holm over {n} members {p_holm:.4f}, "
             f"MDE {g['mde']:.3f} ({g['mde'] / collapse:.0%} of the collapse {collapse:.3f}): **{verdict}**",
+            "- the same reading's interval from the bootstrap over upstream models and items (a secondary): "
+            + (_ci(g["two_way"]) + f", SE {g['two_way']['widening']:.2f}x the t interval's" if "two_way" in g
+               else "not pooled (run `python -m speedrun.eval.upstream` on the experiment)"),
             f"- the range over the four readings: {r['low']:+.3f} to {r['high']:+.3f} ("
             + ", ".join(f"{k} {v:+.3f}" for k, v in r["readings"].items()) + ")"]
 
@@ -171,7 +174,7 @@ def main(root: Annotated[Path, typer.Argument(help="task-oracle-rm: sft_<seed>/ 
     lines, read = checks(subs, grpo, earlier, ok)
     print(f"{root.name}: {len(subs)} upstream models ({', '.join(subs)})\n\nChecks (read first):\n")
     print("\n".join(lines))
-    pooled = pool(root)
+    pooled = pool(root, two_way=True)
     ups = [u for u in subs if ok[u]]
     collapse = -cluster_interval([_run(subs[u], RM)["cov"]["all"] - _run(earlier[u], "shuffled")["cov"]["all"]
                                   for u in ups])["value"]

@@ -1,10 +1,11 @@
 """An effect pooled over upstream seeds (speedrun.eval.upstream): the upstream model is the unit of the interval."""
 import json
 
+import numpy as np
 import pytest
 
 from speedrun.common import write_json
-from speedrun.eval.upstream import cluster_interval, markdown, pool
+from speedrun.eval.upstream import cluster_interval, markdown, pool, two_way_interval
 from speedrun.families import task_rows
 
 
@@ -58,3 +59,15 @@ def test_pooling_needs_two_upstream_seeds(tmp_path):
     _sub(tmp_path, 1337, -1.0, 0.0)
     with pytest.raises(SystemExit, match="need at least 2 upstream seeds"):
         pool(tmp_path)
+
+
+def test_two_way_interval_counts_the_items_every_upstream_model_shares() -> None:
+    rng = np.random.default_rng(0)
+    upstream = rng.normal(0, 1, size=(20, 1)) + rng.normal(0, 0.01, size=(20, 113))  # models differ, items do not
+    alone = two_way_interval(upstream, n_boot=500)
+    assert 0.85 < alone["widening"] < 1.1 and alone["value"] == pytest.approx(upstream.mean(), abs=1e-4)
+    shared = upstream + rng.normal(0, 3, size=(1, 113))  # the same hard and easy items in every model
+    both = two_way_interval(shared, n_boot=500)
+    assert both["widening"] > 1.3 and both["ci_high"] - both["ci_low"] > alone["ci_high"] - alone["ci_low"]
+    with pytest.raises(ValueError, match="upstream >= 2, item >= 2"):
+        two_way_interval(np.zeros((1, 113)))

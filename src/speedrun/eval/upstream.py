@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import pandas as pd
 import typer
 
 from speedrun import kept
@@ -39,7 +40,37 @@ def cluster_interval(values: list[float], power: float = 0.8) -> dict:
             "per_upstream": [round(float(v), 4) for v in x]}
 
 
-def pool(root: Path) -> dict:
+def two_way_interval(deltas: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of an [upstream, item] matrix of per-item effects with a bootstrap that resamples upstream models and
+    items independently: the 113 items are shared by every upstream model, so an interval over upstream models alone
+    leaves their draw out. Resampling both ways counts the residual twice (conservative, as the pigeonhole bootstrap
+    is); `widening` is its SE over the Student-t SE of the per-upstream means."""
+    if deltas.ndim != 2 or min(deltas.shape) < 2:
+        raise ValueError(f"two_way_interval: need an [upstream >= 2, item >= 2] matrix, got shape {deltas.shape}")
+    rng = np.random.default_rng(seed)
+    u, i = deltas.shape
+    boot = np.array([deltas[rng.integers(0, u, u)][:, rng.integers(0, i, i)].mean() for _ in range(n_boot)])
+    se, t_se = float(boot.std(ddof=1)), float(deltas.mean(1).std(ddof=1) / math.sqrt(u))
+    lo, hi = np.quantile(boot, [ALPHA / 2, 1 - ALPHA / 2])
+    return {"value": round(float(deltas.mean()), 4), "ci_low": round(float(lo), 4), "ci_high": round(float(hi), 4),
+            "se": round(se, 5), "widening": round(se / t_se, 3) if t_se > 0 else None, "items": i, "n_boot": n_boot}
+
+
+def item_deltas(sub: Path, treatment: str, control: str, temperature: float) -> pd.Series:
+    """One sub-run's per-item Δ coverage (distinct right answers) at `temperature`: the treatment's runs' mean minus
+    the control's, from its answers.parquet (item_id order)."""
+    a = kept.read_parquet(sub / "answers.parquet", columns=["model", "temperature", "item_id", "answer"])
+    a = a[a["temperature"] == temperature]
+
+    def coverage(arm: str) -> pd.Series:
+        rows = a[a["model"].str.fullmatch(rf"{arm}_s\d+")]
+        if rows.empty:
+            raise SystemExit(f"{sub / 'answers.parquet'}: no answers of {arm} at T = {temperature}")
+        return rows.groupby(["model", "item_id"])["answer"].nunique().groupby("item_id").mean()
+    return coverage(treatment) - coverage(control)
+
+
+def pool(root: Path, two_way: bool = False) -> dict:
     """Every sub-run <root>/sft_<seed>/metrics/task.json pooled: per comparison, each reading's interval over the
     upstream seeds, Holm over the comparisons' primaries; per arm, its gap and its gap minus the control's; the
     manipulation checks' inputs (pass@1 per comparison, the RM arm's proxy reward start and end per run)."""
@@ -59,6 +90,12 @@ def pool(root: Path) -> dict:
         for k in READINGS:  # the control's own gap below the envelope: what every reading's MDE is a share of
             if k in res:
                 res[k]["collapse"] = round(-float(np.mean(gaps)), 4)
+        if two_way and "same_temperature" in res:  # every sub-run's answers: items and upstream models resampled
+            d = [item_deltas(p.parent.parent, c["treatment"], c["control"], r["arm_temperature"])
+                 for p, r in zip(subs, results.values())]
+            if any(not x.index.equals(d[0].index) for x in d):
+                raise SystemExit(f"{root}: the sub-runs' answers cover different items: no items x upstream matrix")
+            res["same_temperature"]["two_way"] = two_way_interval(np.stack([x.to_numpy() for x in d]))
         readings = {k: res[k]["value"] for k in READINGS if k in res}
         res["range"] = {"low": min(readings.values()), "high": max(readings.values()), "readings": readings}
         out["comparisons"][comp] = res
@@ -95,6 +132,10 @@ def markdown(pooled: dict) -> str:
                 lines.append(f"| {comp} | {names[k]}{' (primary)' if k == r['primary'] else ''} | {ci(d)} | "
                              f"{', '.join(f'{v:+.3f}' for v in d['per_upstream'])} | {d['p']:.3f}{call} | "
                              f"{d['mde']:.3f} |")
+        if "two_way" in r.get("same_temperature", {}):
+            w = r["same_temperature"]["two_way"]
+            lines.append(f"| {comp} | same temperature, bootstrap over upstream models and items ({w['n_boot']}) | "
+                         f"{ci(w)} | SE {w['widening']:.2f}x the t interval's | | |")
         lines.append(f"| {comp} | range of the coverage readings | {r['range']['low']:+.3f} to "
                      f"{r['range']['high']:+.3f} | | | |")
     lines += ["", "| arm | gap below the envelope [95% CI] | per upstream seed | gap − shuffled's [95% CI] |",
@@ -108,7 +149,7 @@ def markdown(pooled: dict) -> str:
 
 @app.command(help=__doc__.splitlines()[0])
 def command(root: Annotated[Path, typer.Argument(help="the experiment folder holding sft_<seed>/ sub-runs")]) -> None:
-    pooled = pool(root)
+    pooled = pool(root, two_way=True)
     kept.write_json(root / "metrics/task.json", pooled)
     print(markdown(pooled))
 
