@@ -44,16 +44,19 @@ def two_way_interval(deltas: np.ndarray, n_boot: int = 2000, seed: int = 0) -> d
     """Mean of an [upstream, item] matrix of per-item effects with a bootstrap that resamples upstream models and
     items independently: the 113 items are shared by every upstream model, so an interval over upstream models alone
     leaves their draw out. Resampling both ways counts the residual twice (conservative, as the pigeonhole bootstrap
-    is); `widening` is its SE over the Student-t SE of the per-upstream means."""
+    is); the interval and p take that SE with Student-t(upstream − 1), as the interval over upstream models does;
+    `widening` is the SE over that interval's."""
     if deltas.ndim != 2 or min(deltas.shape) < 2:
         raise ValueError(f"two_way_interval: need an [upstream >= 2, item >= 2] matrix, got shape {deltas.shape}")
     rng = np.random.default_rng(seed)
     u, i = deltas.shape
     boot = np.array([deltas[rng.integers(0, u, u)][:, rng.integers(0, i, i)].mean() for _ in range(n_boot)])
     se, t_se = float(boot.std(ddof=1)), float(deltas.mean(1).std(ddof=1) / math.sqrt(u))
-    lo, hi = np.quantile(boot, [ALPHA / 2, 1 - ALPHA / 2])
-    return {"value": round(float(deltas.mean()), 4), "ci_low": round(float(lo), 4), "ci_high": round(float(hi), 4),
-            "se": round(se, 5), "widening": round(se / t_se, 3) if t_se > 0 else None, "items": i, "n_boot": n_boot}
+    mean, q = float(deltas.mean()), t_ppf(1 - ALPHA / 2, u - 1)
+    p = 2.0 * (1.0 - t_cdf(abs(mean) / se, u - 1)) if se > 0 else (0.0 if mean else 1.0)
+    return {"value": round(mean, 4), "ci_low": round(mean - q * se, 4), "ci_high": round(mean + q * se, 4),
+            "se": round(se, 5), "p": round(p, 4), "widening": round(se / t_se, 3) if t_se > 0 else None, "items": i,
+            "n_boot": n_boot}
 
 
 def item_deltas(sub: Path, treatment: str, control: str, temperature: float) -> pd.Series:
@@ -135,7 +138,7 @@ def markdown(pooled: dict) -> str:
         if "two_way" in r.get("same_temperature", {}):
             w = r["same_temperature"]["two_way"]
             lines.append(f"| {comp} | same temperature, bootstrap over upstream models and items ({w['n_boot']}) | "
-                         f"{ci(w)} | SE {w['widening']:.2f}x the t interval's | | |")
+                         f"{ci(w)} | SE {w['widening']:.2f}x the t interval's | {w['p']:.3f} | |")
         lines.append(f"| {comp} | range of the coverage readings | {r['range']['low']:+.3f} to "
                      f"{r['range']['high']:+.3f} | | | |")
     lines += ["", "| arm | gap below the envelope [95% CI] | per upstream seed | gap − shuffled's [95% CI] |",
