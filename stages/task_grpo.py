@@ -3,8 +3,9 @@ by side with the track's other stale runs on CPU: speedrun.runs). The arms (task
 differ in how items are drawn (density-aware from the prompt text, uniform, cluster-balanced, or selected by the
 policy's own rewards: speedrun.rl.selection), what is paid (the checker, RLVR; the checker's rewards shuffled within
 each group, the negative control; or the reward model trained with the task pairs, the RLHF way, the checker then the
-gold reward, never trained on) and how (GRPO's advantage or pass@k's, clip-higher, an entropy bonus). The log's
-gold_pass is the checker's share of right answers over each step's draws; rollouts counts the completions generated."""
+gold reward, never trained on) and how (GRPO's advantage or pass@k's, clip-higher, an entropy bonus, a bonus for right
+values rare in their group). The log's gold_pass is the checker's share of right answers over each step's draws,
+gold_distinct its distinct right values per group; rollouts counts the completions generated."""
 
 import dataclasses
 
@@ -15,7 +16,7 @@ from speedrun.common import (read_json, stable_seed)
 from speedrun.data import task
 from speedrun.engine import completion_texts
 from speedrun.reward.preference import RewardModel
-from speedrun.rl.controls import shuffle_within_groups
+from speedrun.rl.controls import rare_value_bonus, shuffle_within_groups
 from speedrun.data.paraphrases import PARAPHRASES, nearest_share
 from speedrun.rl.density import group_shares, neighbour_purity
 from speedrun.rl.grpo import require_reward_signal
@@ -106,22 +107,29 @@ def main(p, io, arm: str, seed: int) -> None:
     trained = torch.zeros(len(ids), dtype=torch.long)  # each item's groups trained
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
     gold_rows: list[float] = []  # the checker's share of right answers per draw, whatever the arm is paid
+    distinct_rows: list[float] = []  # distinct right values per group, per draw
 
     def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
         mine = draw.step_idx[distributed.rank_share(len(draw.step_idx), d)][s.prompt_index.cpu()]
-        gold = torch.tensor([float(task.check(items[i], t) is not None)
-                             for i, t in zip(mine.tolist(), completion_texts(s, tok))])
+        values = [task.check(items[i], t) for i, t in zip(mine.tolist(), completion_texts(s, tok))]
+        gold = torch.tensor([float(x is not None) for x in values])
+        rare = rare_value_bonus(values, cfg.group_size)  # sums to each group's distinct right values
         n_right = distributed.all_reduce_sum(gold.double().sum().to(dev), d)
+        n_distinct = distributed.all_reduce_sum(rare.double().sum().to(dev), d)
         gold_rows.append(float(n_right) / (len(draw.step_idx) * cfg.group_size))
+        distinct_rows.append(float(n_distinct) / len(draw.step_idx))
         if rm is not None:
-            return score_samples(rm, batch, s, tok.bos_id, standardise=True)
-        return shuffle_within_groups(gold, cfg.group_size, shuffler) if v.reward == "shuffled" else gold
+            paid = score_samples(rm, batch, s, tok.bos_id, standardise=True)
+        else:
+            paid = shuffle_within_groups(gold, cfg.group_size, shuffler) if v.reward == "shuffled" else gold
+        return paid + v.distinct_bonus * rare.to(paid.device) if v.distinct_bonus else paid
 
     def step_stats(idx: torch.Tensor) -> dict:  # the step's trained items; gold over every draw it generated
         trained[idx] += 1
-        gold = sum(gold_rows) / len(gold_rows)
+        gold, distinct = sum(gold_rows) / len(gold_rows), sum(distinct_rows) / len(distinct_rows)
         gold_rows.clear()
-        return {"gold_pass": gold}
+        distinct_rows.clear()
+        return {"gold_pass": gold, "gold_distinct": distinct}
 
     if d.is_main:
         print(f"task_grpo {arm} seed {seed} ({v.sampling}, reward {v.reward}, advantage {v.advantage}): {len(ids)} "
@@ -134,13 +142,14 @@ def main(p, io, arm: str, seed: int) -> None:
         return
     log = pd.DataFrame(result.log)
     m = {"arm": arm, "sampling": v.sampling, "reward": v.reward, "advantage": v.advantage, "clip_high": v.clip_high,
-         "entropy_bonus": v.entropy_bonus, "seed": seed, "steps": len(log),
+         "entropy_bonus": v.entropy_bonus, "distinct_bonus": v.distinct_bonus, "seed": seed, "steps": len(log),
          # what the arm spent: every completion generated, and the groups that trained (a selection arm drops some)
          "rollouts": int(log["rollouts"].sum()), "groups_trained": int(log["groups_trained"].sum()),
          **({"gate_open_steps": gate.open_steps, "items_solved": int(gate.solved.sum())} if gate else {}),
-         **log_means(log, start={"reward_start": ("reward_mean", 4), "gold_pass_start": ("gold_pass", 4)},
+         **log_means(log, start={"reward_start": ("reward_mean", 4), "gold_pass_start": ("gold_pass", 4),
+                                 "gold_distinct_start": ("gold_distinct", 4)},
                      end={"reward_end": ("reward_mean", 4), "gold_pass_end": ("gold_pass", 4), "kl_end": ("kl", 5),
-                          "completion_len_end": ("completion_len", 2)}),
+                          "gold_distinct_end": ("gold_distinct", 4), "completion_len_end": ("completion_len", 2)}),
          "cluster_share_weights": {g: round(x, 4) for g, x in group_shares(weights, groups).items()},
          "cluster_share_draws": {g: round(x, 4) for g, x in group_shares(draw.counts.double() / draw.counts.sum(),
                                                                           groups).items()},

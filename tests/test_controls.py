@@ -8,7 +8,8 @@ from conftest import grpo_config
 from speedrun import params
 from speedrun.engine import distribution_entropy, sequence_logprobs
 from speedrun.eval.compare import evaluate
-from speedrun.rl.controls import balanced_weights, dense_groups, distinctness, plant_tic, shuffle_rewards
+from speedrun.rl.controls import (balanced_weights, dense_groups, distinctness, plant_tic, rare_value_bonus,
+                                  shuffle_rewards)
 from speedrun.rl.density import draw_prompts, group_shares
 from speedrun.rl.trainer import grpo_train
 from test_rl_trainer import toy_policy
@@ -129,6 +130,43 @@ def test_distinct_bonus_keeps_a_policys_answers_apart_beyond_the_same_bonus_shuf
         assert far > far_null + 0.1 and ent > ent_null + 0.2, (seed, far, far_null, ent, ent_null)
 
 
+def test_rare_value_bonus_by_hand_sums_to_each_groups_distinct_right_values():
+    got = rare_value_bonus(["4", "4", None, "6", "8", "8", "8", "8"], 4)
+    assert got.tolist() == pytest.approx([0.5, 0.5, 0.0, 1.0, 0.25, 0.25, 0.25, 0.25])
+    assert got.view(2, 4).sum(1).tolist() == pytest.approx([2.0, 1.0])  # distinct right values per group
+    with pytest.raises(ValueError, match="groups of 4"):
+        rare_value_bonus(["1"] * 6, 4)
+
+
+def test_rare_value_bonus_keeps_more_right_values_than_the_checker_alone():
+    """The task track's positive control on a toy policy: four of its first tokens are right answers. Paid by the
+    checker alone its groups drift onto fewer of them (nothing pays a second right value); with the bonus for right
+    values rare in their group they keep more distinct right values at a right-answer rate as high. Two seeds."""
+    prompts, right = [[1, 2], [1, 3, 4]], {5, 6, 7, 8}
+
+    def run(mu: float, seed: int) -> tuple[float, float]:
+        policy, ref = toy_policy(0), toy_policy(0)
+        weights = torch.full((2,), 0.5, dtype=torch.float64)
+        cfg = grpo_config("grpo.train", steps=60, prompts_per_step=2, group_size=8, max_new_tokens=1, lr=3e-2,
+                          beta=0.0, warmup_steps=1, seed=seed, entropy_bonus=0.0)
+        seen: list[tuple[float, float]] = []
+
+        def reward(batch, s) -> torch.Tensor:
+            values = [str(row[0]) if row[0] in right else None for row in s.tokens.tolist()]
+            gold, rare = torch.tensor([float(v is not None) for v in values]), rare_value_bonus(values, 8)
+            seen.append((float(gold.mean()), float(rare.sum()) / 2))
+            return gold + mu * rare
+        grpo_train(policy, ref, prompts, lambda step, gen: draw_prompts(weights, 2, gen), reward, cfg, "cpu",
+                   stop_id=None, pad_id=0)
+        last = seen[-10:]
+        return sum(g for g, _ in last) / 10, sum(d for _, d in last) / 10
+
+    for seed in (0, 1):
+        (pass_alone, distinct_alone), (pass_bonus, distinct_bonus) = run(0.0, seed), run(1.0, seed)
+        assert pass_bonus > 0.9 * pass_alone and distinct_bonus > distinct_alone + 0.3, (
+            seed, pass_alone, distinct_alone, pass_bonus, distinct_bonus)
+
+
 def test_the_evaluation_counts_the_planted_tic():
     rows = [dict(model=m, prompt_id=f"p{p}", seed=0, sample_idx=j, reward=0.0,
                  text=("a; b" if (m == "grpo_tic_s1" and j == 0) else "a b c d"))
@@ -149,5 +187,8 @@ def test_every_control_arm_is_defined_and_grpo_run_names_only_arms():
     assert arms["shuffled"].reward == "shuffled" and arms["entropy"].entropy_bonus > 0
     assert arms["distinct"].distinct_bonus > 0 and arms["balanced"].sampling == "balanced"
     assert all(a.distinct_bonus == 0 for v, a in arms.items() if v != "distinct")
+    task = p.task.variants  # the task track's positive control for diversity, and the oracle
+    assert {v for v, a in task.items() if a.distinct_bonus > 0} == {"distinct", "rm_distinct"}
+    assert task["rm_balanced"].sampling == "balanced" and task["rm_balanced"].reward == "rm"
     with pytest.raises(params.ParamsError, match=r"grpo.run\[2\]: 'nope' is not one of grpo.variants"):
         params.load(REPO_PARAMS, ["grpo.run=[density,baseline,nope]"])

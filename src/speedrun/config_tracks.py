@@ -53,6 +53,10 @@ class TaskVariant:
     clip_high: float = knob("the ratio's upper clip 1 + clip_high, above task.train.clip_eps (DAPO's clip-higher, "
                             "0.28 there); it acts only with task.train.inner_updates > 1 (0 = symmetric)", ge=0)
     entropy_bonus: float = knob("eta: + eta * the policy's per-token entropy in the GRPO objective (0 = off)", ge=0)
+    distinct_bonus: float = knob("mu: + mu / (how many of its group's right answers share its value) for each right "
+                                 "answer, on what the arm is paid (rl.controls.rare_value_bonus; the checker decides "
+                                 "right whatever is paid): distinct right values paid more, the positive control for "
+                                 "a diversity mechanism, after DARLING (0 = off)", ge=0)
 
 
 @dataclass(frozen=True)

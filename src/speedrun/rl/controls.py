@@ -1,13 +1,14 @@
 """What the control arms change (params.yaml grpo.variants): a planted tic, a reward with no information, the
 group-balanced sampler and a bonus for distinct answers. Pure functions of rewards, texts and prompt groups;
-stages/grpo.py wires them in.
+stages/grpo.py and stages/task_grpo.py wire them in.
 
 Why these: a planted tic (a bonus for a corpus-native string) is a collapse the evaluation must see (positive
 control); paying it only on the densest modules asks whether a sampler that draws those modules less spreads it
 less (mechanism control); shuffled rewards keep GRPO's updates and KL anchor but carry no preference (negative
 control: drift, not reward-driven collapse); a bonus for answers unlike the rest of their group raises diversity at
 an equal reward by construction (positive control for a diversity mechanism, in the spirit of DARLING, Li et al.
-2025, which pays quality times the share of the group in another meaning class)."""
+2025, which pays quality times the share of the group in another meaning class); on the task track, a bonus for a
+right answer whose value is rare in its group does the same for right values (stages/task_grpo.py)."""
 from __future__ import annotations
 
 import re
@@ -79,4 +80,18 @@ def distinctness(texts: Sequence[str], group_size: int) -> torch.Tensor:
         for i, a in enumerate(group):
             far = [1.0 - (len(a & b) / len(a | b) if a | b else 1.0) for j, b in enumerate(group) if j != i]
             out[start + i] = sum(far) / len(far)
+    return out
+
+
+def rare_value_bonus(values: Sequence[str | None], group_size: int) -> torch.Tensor:
+    """float32 [N]: per completion, 1 / how many of its group's right answers (groups of group_size in a row) share
+    its value; 0 for a wrong answer (None). A right value said once in the group earns 1, one said by all eight 1/8,
+    so a group's sum is its number of distinct right values (the task track's coverage of one group)."""
+    if group_size < 1 or len(values) % group_size:
+        raise ValueError(f"rare_value_bonus: {len(values)} answers do not split into groups of {group_size}")
+    out = torch.zeros(len(values))
+    for start in range(0, len(values), group_size):
+        counts = Counter(v for v in values[start:start + group_size] if v is not None)
+        for i, v in enumerate(values[start:start + group_size]):
+            out[start + i] = 1.0 / counts[v] if v is not None else 0.0
     return out
