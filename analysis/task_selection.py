@@ -83,15 +83,19 @@ def rows(root: Path, collapse_by_upstream: dict[str, float], label: str, bar: fl
         sec = {k: np.mean([subs[u]["arms"][arm]["mean"]["all"][k] - subs[u]["arms"]["rm"]["mean"]["all"][k]
                            for u in subs]) for k in SECONDARY[2:]}
         clusters = sorted(set.intersection(*(set(subs[u]["arms"][arm]["mean"]) - {"all"} for u in subs)))
-        cov = {k: np.mean([subs[u]["arms"][arm]["mean"][k]["coverage"] - subs[u]["arms"]["rm"]["mean"][k]["coverage"]
-                           for u in subs]) for k in clusters}
+        cov = {k: cluster_interval([subs[u]["arms"][arm]["mean"][k]["coverage"]
+                                    - subs[u]["arms"]["rm"]["mean"][k]["coverage"] for u in subs]) for k in clusters}
+        cov["equal weight"] = cluster_interval([np.mean([subs[u]["arms"][arm]["mean"][k]["coverage"]
+                                                         - subs[u]["arms"]["rm"]["mean"][k]["coverage"]
+                                                         for k in clusters]) for u in subs])
         n = len(subs)
         out.append(f"| {arm}{label} | {g['value']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] | "
                    f"{c['range']['low']:+.3f} to {c['range']['high']:+.3f} | {g['mde']:.2f} | "
                    + share + f" | {p1.get('value', float('nan')):+.3f} [{p1.get('ci_low', float('nan')):+.3f}, "
                    f"{p1.get('ci_high', float('nan')):+.3f}] | {np.nanmean(spent[:n]) / np.nanmean(spent[n:]):.2f} | "
                    f"{sec['pass@16']:+.3f} | {sec['entropy']:+.2f} | {sec['top_phrasing_share']:+.3f} | "
-                   + ", ".join(f"{k} {v:+.2f}" for k, v in cov.items())
+                   + ", ".join(f"{k} {v['value']:+.2f} [{v['ci_low']:+.2f}, {v['ci_high']:+.2f}]"
+                               for k, v in cov.items())
                    + f" | {np.mean(kl[:n]):.2f} ({np.mean(kl[n:]):.2f}) |")
         needs = []
         for reading in READINGS:
@@ -323,7 +327,7 @@ def command(root: Annotated[Path, typer.Argument(help="the experiment with sft_<
         effects.append(step_row(subs, slow_subs, by_u))
     print("| arm − rm | Δ gap [95% CI, t over upstream] | range of readings | MDE | share of the collapse recovered "
           "| Δ gold pass@1 [95% CI] | rollouts / rm's | Δ pass@16 | Δ entropy | Δ top-phrasing share | Δ coverage "
-          "per cluster | KL end (rm's) |")
+          "per cluster and with the clusters weighted equally [95% CI] | KL end (rm's) |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     print("\n".join(effects))
     print(f"\nUpstream models a design needs for an MDE of {bar:g} (two GRPO seeds each), from the spread between "
