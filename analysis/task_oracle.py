@@ -36,12 +36,18 @@ def _answers(sub: Path, models: list[str]) -> pd.DataFrame:
 
 
 def rebuilt(root: Path, first: Path, ups: list[str]) -> dict[str, bool]:
-    """Per upstream model: the task SFT model's and rm_s1201's answers here equal the committed sub-run's exactly."""
-    models = ["task_sft", f"{RM}_s{SEED}"]
+    """Per upstream model: rm_s1201's answers here equal the committed sub-run's exactly, and so do the task SFT
+    model's (its answers where this sub-run keeps them; its temperature curves in the metrics otherwise: once
+    checked, the kept sub-runs drop those answers, which task-selection-rm keeps)."""
     out = {}
     for u in ups:
-        here, there = _answers(root / u, models), _answers(first / u, models)
-        out[u] = len(here) > 0 and here.equals(there)
+        here, there = _answers(root / u, ["task_sft", f"{RM}_s{SEED}"]), _answers(first / u, [f"{RM}_s{SEED}"])
+        sft = here[here["model"] == "task_sft"]
+        rm = here[here["model"] != "task_sft"].reset_index(drop=True)
+        same_sft = (sft.reset_index(drop=True).equals(_answers(first / u, ["task_sft"])) if len(sft) else
+                    kept.read_json(root / u / "metrics/task.json")["sft"]
+                    == kept.read_json(first / u / "metrics/task.json")["sft"])
+        out[u] = len(rm) > 0 and rm.equals(there) and same_sft
     return out
 
 
@@ -57,7 +63,7 @@ def checks(subs: dict, grpo: dict, first: dict, ok: dict[str, bool]) -> tuple[li
     """The rebuild, the oracle's realised draws (evens in [0.4, 0.6] in every run; TV from rm's ≥ 0.2 pooled), the
     RM's reward rising in every run, and the collapse (rm here − shuffled there at T = 1) called below 0."""
     failed = ", ".join(u for u, v in ok.items() if not v)
-    lines = [f"- rebuild: the task SFT model's and rm_s{SEED}'s answers equal task-selection-rm's on "
+    lines = [f"- rebuild: the task SFT model's and rm_s{SEED}'s answers (or curves) equal task-selection-rm's on "
              f"{sum(ok.values())} of {len(ok)} upstream models" + (f" (not: {failed})" if failed else "")]
     evens = {u: g[f"{ORACLE}_s{SEED}"]["cluster_share_draws"]["evens"] for u, g in grpo.items()}
     tv = [abs(evens[u] - g[f"{RM}_s{SEED}"]["cluster_share_draws"]["evens"]) for u, g in grpo.items()]

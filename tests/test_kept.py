@@ -92,3 +92,20 @@ def test_the_command_prints_a_member(tmp_path, capsysbinary):
     assert capsysbinary.readouterr().out.endswith(b"# report\n")
     with pytest.raises(SystemExit, match="no such file"):
         kept.main([str(folder / "nope.md")])
+
+
+def test_a_model_kept_elsewhere_drops_from_every_sub_runs_answers(tmp_path):
+    """The task SFT model's answers that another experiment keeps byte for byte leave the sub-runs' answers (packed
+    or not); the other rows stay as they were, and a model with no rows is refused."""
+    folder = tmp_path / "exp"
+    for s in (4, 5):
+        _experiment(folder / f"sft_{s}")
+        pd.DataFrame({"model": ["task_sft", "rm_s1", "task_sft"], "text": ["a", "b", "c"]}).to_parquet(
+            folder / f"sft_{s}/answers.parquet")
+    kept.pack(folder / "sft_4")  # one sub-run packed, one still files
+    assert kept.drop_model(folder, "task_sft") == 4
+    for s in (4, 5):
+        rows = kept.read_parquet(folder / f"sft_{s}/answers.parquet")
+        assert rows.to_dict("list") == {"model": ["rm_s1"], "text": ["b"]}
+    with pytest.raises(SystemExit, match="no answers of 'task_sft'"):
+        kept.drop_model(folder, "task_sft")

@@ -174,11 +174,36 @@ def pack(folder: str | Path) -> Path:
     return bundle
 
 
+def drop_model(folder: str | Path, model: str) -> int:
+    """Remove one model's rows from every sub-run's answers.parquet under `folder` (files or members), rewritten as
+    the evaluation writes them: for answers another committed experiment keeps byte for byte (an analysis checks that
+    first). Returns the rows dropped; refuses a folder where the model has none."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    dropped = 0
+    for path in glob(folder, "*/answers.parquet"):
+        table = pq.read_table(io.BytesIO(read_bytes(path)))
+        mask = pc.not_equal(table["model"], model)
+        dropped += table.num_rows - int(pc.sum(mask).as_py() or 0)
+        buf = io.BytesIO()
+        pq.write_table(table.filter(mask), buf, compression="zstd", write_statistics=False)  # common.write_table's
+        write(path, buf.getvalue())
+    if not dropped:
+        raise SystemExit(f"{folder}: no answers of {model!r} in */answers.parquet")
+    return dropped
+
+
 @app.command(help=__doc__.splitlines()[0])
 def command(path: Annotated[Path, typer.Argument(help="a member to print (reports/experiments/<name>/task.md), "
                                                       "or with --pack the experiment folder to pack")],
             pack_folder: Annotated[bool, typer.Option("--pack", help="move the folder's files into its results.zip "
-                                                                     "(README.md stays)")] = False) -> None:
+                                                                     "(README.md stays)")] = False,
+            drop: Annotated[str, typer.Option(help="with the experiment folder: remove this model's rows from its "
+                                                   "sub-runs' answers (kept elsewhere, byte for byte)")] = "") -> None:
+    if drop:
+        print(f"{path}: {drop_model(path, drop)} answers of {drop} dropped")
+        return
     if pack_folder:
         print(pack(path))
         return
