@@ -4,8 +4,9 @@ not a reading any plan fixed; docs/LOG.md 2026-11-29). Per upstream seed of an e
 arm's own right answers would give if thinned, per item, to as many right answers as each rm run gave (expected
 distinct values drawn without replacement: a pure loss of right answers, no narrowing); and the rm arm's coverage. The
 thinned-minus-shuffled part is the loss that fewer right answers explain; rm minus thinned is the narrowing at equal
-right answers (thinning to the pooled shuffled runs inflates it: bench/rarefaction_bias.py; the symmetric reading
-per run pair is speedrun.eval.rarefaction.narrowing). Then Δgap against Δpass@1 across upstream seeds.
+right answers (thinning to the pooled shuffled runs inflates it: bench/rarefaction_bias.py), and beside it the symmetric
+reading, each rm run against the shuffled run of its seed, both thinned to the smaller count
+(speedrun.eval.rarefaction.narrowing). Then Δgap against Δpass@1 across upstream seeds.
 
     python analysis/task_rm_decomposition.py reports/experiments/task-rm-collapse-10-upstream"""
 from __future__ import annotations
@@ -17,7 +18,7 @@ import typer
 from scipy import stats
 
 from speedrun import kept
-from speedrun.eval.rarefaction import expected_distinct
+from speedrun.eval.rarefaction import expected_distinct, narrowing
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -26,7 +27,7 @@ app = new_app()
 @app.command(help=__doc__)
 def main(experiment: Path = typer.Argument(..., help="an experiment folder with sft_<s>/ sub-runs"),
          treatment: str = typer.Option("rm"), control: str = typer.Option("shuffled")) -> None:
-    rows, gaps, pass1 = [], [], []
+    rows, gaps, pass1, symmetric = [], [], [], []
     subs = [p.parent.parent for p in kept.glob(experiment, "sft_*/metrics/task.json")]  # files or zip members
     for sub in sorted(subs, key=lambda p: int(p.name.split("_")[1])):
         m = kept.read_json(sub / "metrics/task.json")
@@ -43,12 +44,18 @@ def main(experiment: Path = typer.Argument(..., help="an experiment folder with 
                 thinned.append(expected_distinct(counts.get(item, []), int(g["answer"].notna().sum())))
                 actual.append(g["answer"].dropna().nunique())
         ctrl_cov = ctrl.groupby(["model", "item_id"])["answer"].nunique().groupby("model").mean().mean()
+        right = {model: {i: list(g["answer"].dropna().astype(str)) for i, g in runs.groupby("item_id")}
+                 for model, runs in a.groupby("model")}
+        pairs = [(model, f"{control}_s{model.rsplit('_s', 1)[1]}") for model in right
+                 if model.startswith(f"{treatment}_s")]  # each treatment run against the control run of its seed
+        symmetric.append(np.mean([narrowing(right[t], right[c])["value"] for t, c in pairs if c in right]))
         rows.append((sub.name, ctrl_cov, np.mean(thinned), np.mean(actual)))
     print(f"{'upstream':>9} {control:>9} {'thinned':>8} {treatment:>8} {'total':>7} {'fewer':>7} {'narrower':>8}")
     for name, c, t, r in rows:
         print(f"{name:>9} {c:9.3f} {t:8.3f} {r:8.3f} {r - c:+7.3f} {t - c:+7.3f} {r - t:+8.3f}")
     r = np.array([row[1:] for row in rows])
-    parts = {"total": r[:, 2] - r[:, 0], "fewer right answers": r[:, 1] - r[:, 0], "narrower": r[:, 2] - r[:, 1]}
+    parts = {"total": r[:, 2] - r[:, 0], "fewer right answers": r[:, 1] - r[:, 0], "narrower": r[:, 2] - r[:, 1],
+             "narrower, symmetric (each run pair thinned to its smaller count)": np.array(symmetric)}
     q = stats.t.ppf(0.975, len(rows) - 1)
     for name, x in parts.items():
         se = x.std(ddof=1) / np.sqrt(len(x))
