@@ -169,7 +169,15 @@ def main(root: Annotated[Path, typer.Argument(help="task-oracle-rm: sft_<seed>/ 
          first: Annotated[Path, typer.Option(help="the committed arms on the same upstream models")] = Path(
              "reports/experiments/task-selection-rm"),
          slow: Annotated[Path, typer.Option(help="rm at lr 1e-4 on the same upstream models")] = Path(
-             "reports/experiments/task-selection-rm/slow")) -> None:
+             "reports/experiments/task-selection-rm/slow"),
+         rebuild_only: Annotated[bool, typer.Option(help="only the rebuild check, which reads no outcome (on the "
+                                                         "sub-runs kept so far, before their SFT answers drop)")
+                                 ] = False) -> None:
+    if rebuild_only:
+        ok = rebuilt(root, first, list(sub_runs(root)))
+        print(f"rebuild: equal on {sum(ok.values())} of {len(ok)} upstream models"
+              + "".join(f"\n- {u}: {'equal' if v else '**differs**'}" for u, v in ok.items()))
+        raise typer.Exit(0 if all(ok.values()) else 1)
     subs, earlier, smaller = sub_runs(root), sub_runs(first), sub_runs(slow)
     grpo = {u: kept.read_json(root / u / "metrics/task_grpo.json") for u in subs}
     for u, s in earlier.items():  # the committed arms' first run must be seed 1201 for the pairing
