@@ -44,7 +44,8 @@ def narrowing(a: dict[str, Sequence[str]], b: dict[str, Sequence[str]]) -> dict:
     """Run a against run b, item by item (dicts item → that run's right answers' values; an item missing from one
     counts as no right answers): the mean over items of a's minus b's distinct values at an equal number of right
     answers (negative: a narrower), its standard error over items, the items that enter (both with a right answer)
-    and the mean m."""
+    and the mean m. Every item counts in the mean, and one where m < 2 adds 0 (nothing to compare), so the value is
+    diluted by such items: read it beside items_compared and mean_m."""
     items = sorted(set(a) | set(b))
     if not items:
         raise ValueError("narrowing: no items")
