@@ -15,7 +15,7 @@ import numpy as np
 import typer
 
 from speedrun import kept
-from speedrun.eval.rarefaction import narrowing
+from speedrun.eval.rarefaction import narrowing, right_answers
 from speedrun.eval.upstream import cluster_interval
 from speedrun.typer_app import new_app, run_app
 
@@ -36,8 +36,7 @@ def load(root: Path) -> dict[str, dict]:
         grpo = kept.read_json(sub / "metrics/task_grpo.json")
         a = kept.read_parquet(sub / "answers.parquet", columns=["model", "temperature", "item_id", "answer"])
         a = a[a["temperature"] == m["arm_temperature"]]
-        right = {model: {i: list(g["answer"].dropna().astype(str)) for i, g in rows.groupby("item_id")}
-                 for model, rows in a.groupby("model")}
+        right = right_answers(a)
         seeds = sorted({r["seed"] for r in grpo.values()})
         out[sub.name] = {"metrics": m, "grpo": grpo, "right": right, "seeds": seeds}
     if len(out) != 2:

@@ -17,7 +17,7 @@ import typer
 import yaml
 
 from speedrun import kept
-from speedrun.eval.rarefaction import narrowing
+from speedrun.eval.rarefaction import narrowing, right_answers
 from speedrun.eval.stats import ALPHA, holm
 from speedrun.eval.upstream import READINGS, cluster_interval, pool
 from speedrun.typer_app import new_app, run_app
@@ -132,8 +132,7 @@ def _line_at(kl: float, a: tuple[float, float], b: tuple[float, float]) -> float
 
 def _right(sub: Path, model: str, temperature: float) -> dict[str, list[str]]:
     a = kept.read_parquet(sub / "answers.parquet", columns=["model", "temperature", "item_id", "answer"])
-    a = a[(a["model"] == model) & (a["temperature"] == temperature)].dropna(subset=["answer"])
-    return {i: list(g["answer"].astype(str)) for i, g in a.groupby("item_id")}
+    return right_answers(a[(a["model"] == model) & (a["temperature"] == temperature)]).get(model, {})
 
 
 def secondaries(root: Path, subs: dict, first: dict, slow: dict, ok: dict[str, bool]) -> list[str]:

@@ -18,7 +18,7 @@ import typer
 from scipy import stats
 
 from speedrun import kept
-from speedrun.eval.rarefaction import expected_distinct, narrowing
+from speedrun.eval.rarefaction import expected_distinct, narrowing, right_answers
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -44,8 +44,7 @@ def main(experiment: Path = typer.Argument(..., help="an experiment folder with 
                 thinned.append(expected_distinct(counts.get(item, []), int(g["answer"].notna().sum())))
                 actual.append(g["answer"].dropna().nunique())
         ctrl_cov = ctrl.groupby(["model", "item_id"])["answer"].nunique().groupby("model").mean().mean()
-        right = {model: {i: list(g["answer"].dropna().astype(str)) for i, g in runs.groupby("item_id")}
-                 for model, runs in a.groupby("model")}
+        right = right_answers(a)
         pairs = [(model, f"{control}_s{model.rsplit('_s', 1)[1]}") for model in right
                  if model.startswith(f"{treatment}_s")]  # each treatment run against the control run of its seed
         symmetric.append(np.mean([narrowing(right[t], right[c])["value"] for t, c in pairs if c in right]))

@@ -6,7 +6,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from speedrun.eval.rarefaction import expected_distinct, narrowing, paired_item
+from speedrun.eval.rarefaction import expected_distinct, narrowing, paired_item, right_answers
 
 
 @pytest.mark.parametrize("values,k", [("aaabbc", 2), ("aaabbc", 4), ("abcd", 3), ("aaaa", 2), ("ab", 5), ("abc", 0)])
@@ -47,3 +47,12 @@ def test_narrowing_reads_fewer_values_at_equal_right_answers() -> None:
     a, b = _runs(rng, narrow, wide, n_a=8, n_b=8)
     r = narrowing(a, b)
     assert r["value"] < -1.0 < -10 * r["se"] and r["items_compared"] == r["items"] == 400 and r["mean_m"] == 8
+
+
+def test_right_answers_groups_each_models_right_values_by_item() -> None:
+    import pandas as pd
+    frame = pd.DataFrame({"model": ["rm_s1", "rm_s1", "rm_s1", "x_s1"], "item_id": ["i1", "i1", "i2", "i1"],
+                          "answer": ["4", None, None, "6"]})
+    got = right_answers(frame)
+    assert got == {"rm_s1": {"i1": ["4"], "i2": []}, "x_s1": {"i1": ["6"]}}
+    assert narrowing(got["rm_s1"], got["x_s1"])["items_compared"] == 1

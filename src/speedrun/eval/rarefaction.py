@@ -54,3 +54,10 @@ def narrowing(a: dict[str, Sequence[str]], b: dict[str, Sequence[str]]) -> dict:
     se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")  # over items, within this run pair
     return {"value": float(d.mean()), "se": se, "items": len(items),
             "items_compared": sum(m > 0 for _, _, m in pairs), "mean_m": float(np.mean([m for _, _, m in pairs]))}
+
+
+def right_answers(answers: "pd.DataFrame") -> dict[str, dict[str, list[str]]]:  # noqa: F821
+    """Model -> item -> the values of its right answers, from an answers.parquet frame (model, item_id, answer; a
+    wrong answer's value is missing): what narrowing compares. Filter the frame to one temperature first."""
+    return {model: {i: list(g["answer"].dropna().astype(str)) for i, g in rows.groupby("item_id")}
+            for model, rows in answers.groupby("model")}
