@@ -15,6 +15,7 @@ import numpy as np
 import typer
 
 from speedrun import kept
+from speedrun.eval.matched_kl import kl_weight
 from speedrun.eval.rarefaction import narrowing, right_answers
 from speedrun.eval.upstream import cluster_interval
 from speedrun.typer_app import new_app, run_app
@@ -63,7 +64,7 @@ def per_seed(subs: dict[str, dict]) -> dict:
         for name in (lo, hi):
             right, g = runs[name][ARM]
             kl = g["kl_end"]
-            w = (np.log(kl) - np.log(k_lo)) / (np.log(k_hi) - np.log(k_lo))  # 0 at the low step's KL, 1 at the high's
+            w = kl_weight(kl, k_lo, k_hi)  # 0 at the low step's KL, 1 at the high's
             out["extrapolated"] += int(not 0 <= w <= 1)
             d_lo, d_hi = (narrowing(right, runs[c][CONTROL][0])["value"] for c in (lo, hi))
             matched.append((1 - w) * d_lo + w * d_hi)

@@ -17,6 +17,7 @@ import typer
 import yaml
 
 from speedrun import kept
+from speedrun.eval.matched_kl import on_line
 from speedrun.eval.rarefaction import narrowing, right_answers
 from speedrun.eval.stats import ALPHA, holm
 from speedrun.eval.upstream import READINGS, cluster_interval, pool
@@ -124,12 +125,6 @@ def call(root: Path, pooled: dict, collapse: float, read: bool) -> list[str]:
             + ", ".join(f"{k} {v:+.3f}" for k, v in r["readings"].items()) + ")"]
 
 
-def _line_at(kl: float, a: tuple[float, float], b: tuple[float, float]) -> float:
-    """Coverage on the line through (KL, coverage) points a and b, in log KL, at kl."""
-    (ka, ca), (kb, cb) = a, b
-    return cb + (ca - cb) * (np.log(kl) - np.log(kb)) / (np.log(ka) - np.log(kb))
-
-
 def _right(sub: Path, model: str, temperature: float) -> dict[str, list[str]]:
     a = kept.read_parquet(sub / "answers.parquet", columns=["model", "temperature", "item_id", "answer"])
     return right_answers(a[(a["model"] == model) & (a["temperature"] == temperature)]).get(model, {})
@@ -146,7 +141,7 @@ def secondaries(root: Path, subs: dict, first: dict, slow: dict, ok: dict[str, b
                                                               for o, r in runs.values()]))
     rows.append(("KL at the end: oracle − rm", [o["kl"] - r["kl"] for o, r in runs.values()]))
     ups = [u for u in subs if ok[u]]
-    at_kl = [runs[u][0]["cov"]["all"] - _line_at(runs[u][0]["kl"], (runs[u][1]["kl"], runs[u][1]["cov"]["all"]),
+    at_kl = [runs[u][0]["cov"]["all"] - on_line(runs[u][0]["kl"], (runs[u][1]["kl"], runs[u][1]["cov"]["all"]),
                                                  (_run(slow[u], RM)["kl"], _run(slow[u], RM)["cov"]["all"]))
              for u in ups if u in slow]
     rows.append((f"Δ coverage at the oracle's KL (rm's line through lr 3e-4 and 1e-4; {len(at_kl)} models)", at_kl))
