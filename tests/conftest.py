@@ -70,12 +70,16 @@ def pythonpath(*dirs: Path) -> str:
     return os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-def dvc(repo: Path, *args: str) -> str:
+def dvc_env(repo: Path, **extra: str) -> dict:
     # one thread per stage, as run_module's stages and torchrun's ranks have: their outputs compare byte for byte
-    env = dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t",
-               PYTHONPATH=pythonpath(repo / "src"))
-    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True)
+    return dict(os.environ, DVC_SITE_CACHE_DIR=str(repo / ".dvc-site-cache"), DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1",
+                GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t",
+                PYTHONPATH=pythonpath(repo / "src"), **extra)
+
+
+def dvc(repo: Path, *args: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=dvc_env(repo), capture_output=True,
+                         text=True)
     assert res.returncode == 0, f"dvc {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}"
     return res.stdout
 

@@ -476,33 +476,36 @@ def _a_pretrained_base_runs_the_task_track(repo: Path, elsewhere: Path) -> None:
     assert "outs/task_base_checkpoint" in dvc(repo, "status") and "task_base" in ran(dvc(repo, "repro", "--dry"))
 
 
-def _a_pretrained_base_runs_the_chat_track(repo: Path, elsewhere: Path) -> None:
-    """The chat track from a pretrained base (knob base), on a tiny random Qwen2 written here as a Hugging Face
-    folder, right after the task track's base experiment (two base experiments in a row): stage base reads it, and
-    every chat stage runs from it in its ChatML template and tokenizer (SFT training its last block only, the
-    on-policy pairs, the RM on its trunk, every GRPO run, the evaluation); the lab's GPT, the task track and the
+def _the_chat_pilot_runs_from_a_pretrained_base(repo: Path, elsewhere: Path) -> None:
+    """The SmolLM2 chat pilot's script in its dry form (analysis/chat_pilot.sh: the pilot's design, a few steps), on
+    a tiny random Qwen2 written here as a Hugging Face folder, right after the task track's base experiment (two base
+    experiments in a row): stage base reads it, SFT at 0 steps passes it on as it came, and every chat stage runs
+    from it in its ChatML template and tokenizer (the on-policy pairs, the RM on its trunk, the pilot's five arms with
+    the last block trained, the evaluation of its four comparisons); the lab's GPT, the task track and the
     adversarial track are not rerun (the target is eval_diversity)."""
+    from conftest import dvc_env
     from tiny_llama import write_hf
     folder = write_hf(elsewhere / "hf", tied=False, family="qwen2")[0]
-    out = dvc(repo, "exp", "run", "-n", "tiny-chat", "-S", f"base=hf:{folder}", "-S", "sft.max_len=128",
-              "-S", "rm.max_len=128", "-S", "sft.frozen_blocks=1",
-              "-S", "grpo.train.frozen_blocks=1", "-S", "rm.train_last_blocks=1", "eval_diversity")
-    grpo = yaml.safe_load((repo / "params.yaml").read_text())["grpo"]
-    runs = {f"grpo@{v}-{s}" for v in grpo["run"] for s in grpo["seeds"]}
-    assert ran(out) == {"preflight", "base", "sft", "onpolicy_pairs", "train_rm", *runs, "eval_diversity"}, ran(out)
+    env = dvc_env(repo, PROFILE="dry", BASE=f"hf:{folder}", E="tiny-chat", PYTHON=sys.executable)
+    res = subprocess.run(["bash", "analysis/chat_pilot.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    out = res.stdout
+    assert res.returncode == 0, f"{out}\n{res.stderr}"
+    arms = ("baseline", "density", "shuffled", "balanced", "distinct")
+    runs = {f"grpo@{a}-1" for a in arms}
+    assert ran(out) == {"preflight", "base", "sft", "download_pairs", "dedup_prompts", "onpolicy_pairs", "train_rm",
+                        *runs, "eval_diversity"}, ran(out)
     assert "base: hf:" in out and "a Llama of" in out
     base, sft, run = (load_model(repo / d)[0].state_dict() for d in ("outs/base", "outs/sft", "outs/grpo/density_s1"))
-    for name in base:  # the embedding and block 0 stay the base's; block 1, the norm and the untied head train
-        trains = name.startswith(("blocks.1.", "norm_f.", "lm_head."))
-        assert torch.equal(base[name], sft[name]) == (not trains), name
-        assert torch.equal(sft[name], run[name]) == (not trains), name
+    for name in base:  # SFT at 0 steps is the base; GRPO trains block 1, the norm and the untied head only
+        assert torch.equal(base[name], sft[name]), name
+        assert torch.equal(sft[name], run[name]) == (not name.startswith(("blocks.1.", "norm_f.", "lm_head."))), name
     tok_meta = json.loads((repo / "outs/base/tokenizer/tokenizer.json").read_text())
     assert tok_meta["template"] == "chatml"
     for d in ("outs/sft", "outs/rm", "outs/grpo/baseline_s1"):
         assert json.loads((repo / d / "meta.json").read_text())["arch"] == "llama", d
-    assert json.loads((repo / "outs/sft/meta.json").read_text())["init"] == str(folder)
     result = json.loads((repo / "reports/metrics/diversity.json").read_text())
-    assert {"sft", "density_vs_baseline", *(f"grpo_{r.split('@')[1].replace('-', '_s')}" for r in runs)} <= set(result)
+    compared = {"baseline_vs_shuffled", "density_vs_baseline", "balanced_vs_baseline", "distinct_vs_baseline"}
+    assert {"sft", *compared, *(f"grpo_{a}_s1" for a in arms)} <= set(result), sorted(result)
     assert "base" in dvc(repo, "exp", "show", "--csv")
 
 
@@ -518,7 +521,7 @@ def test_whole_dag_repro_experiment_and_metrics(tmp_path, tmp_path_factory):
     _additions_rerun_only_their_stages(repo)
     _unknown_keys_stop_before_any_stage(repo)
     _a_pretrained_base_runs_the_task_track(repo, tmp_path_factory.mktemp("tiny_llama"))
-    _a_pretrained_base_runs_the_chat_track(repo, tmp_path_factory.mktemp("tiny_chat"))
+    _the_chat_pilot_runs_from_a_pretrained_base(repo, tmp_path_factory.mktemp("tiny_chat"))
 
 def test_grpo_plots_cover_every_run_of_params():
     """dvc.yaml's GRPO plots name each run's log by hand (top-level plots cannot loop): they must match params."""
