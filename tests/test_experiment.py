@@ -66,6 +66,38 @@ def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
     assert (folder / "README.md").read_text() == readme and (folder / "results.zip").read_bytes() == bundle
 
 
+def test_keep_chat_adds_the_full_result_and_every_runs_weights(tmp_path):
+    """A chat experiment keeps the evaluation's whole result and each run's prompt weights and draws in one frame, so
+    the readings of any pair of arms (a manipulation check, a power table) recompute from what a clone has."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"grpo": {"seeds": [1], "run": ["density", "baseline"]}}))
+    folder = tmp_path / "reports/experiments/x"
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text("# x\n\n## Plan\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "params.yaml")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "params")
+    (tmp_path / "reports/metrics/grpo").mkdir(parents=True)
+    (tmp_path / "reports/report.md").write_text("# report\n")
+    (tmp_path / "reports/metrics/diversity.json").write_text("{}")
+    (tmp_path / "outs/eval").mkdir(parents=True)
+    pd.DataFrame({"response": ["hi"]}).to_parquet(tmp_path / "outs/eval/samples.parquet")
+    for arm, weight in (("density", [0.75, 0.25]), ("baseline", [0.5, 0.5])):
+        (tmp_path / f"reports/metrics/grpo/{arm}_s1.json").write_text(json.dumps({"seed": 1}))
+        (tmp_path / f"outs/grpo/{arm}_s1").mkdir(parents=True)
+        pd.DataFrame({"prompt_id": [0, 1], "group": ["a", "b"], "weight": weight, "draws": [3, 1]}).to_parquet(
+            tmp_path / f"outs/grpo/{arm}_s1/weights.parquet")
+    with pytest.raises(SystemExit, match="result.json: no such file"):
+        experiment.keep(folder, "chat", tmp_path)
+    (tmp_path / "outs/eval/result.json").write_text(json.dumps({"comparisons": []}))
+    written = experiment.keep(folder, "chat", tmp_path)
+    assert sorted(p.relative_to(folder).as_posix() for p in written) == [
+        "metrics/diversity.json", "metrics/grpo.json", "report.md", "result.json", "samples.parquet", "weights.parquet"]
+    assert kept.read_json(folder / "result.json") == {"comparisons": []}
+    w = kept.read_parquet(folder / "weights.parquet")
+    assert w.groupby("run")["weight"].apply(list).to_dict() == {"baseline_s1": [0.5, 0.5], "density_s1": [0.75, 0.25]}
+    assert "`weights.parquet`" in (folder / "README.md").read_text()
+
+
 def test_keep_command_line_checks_the_track_and_the_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:

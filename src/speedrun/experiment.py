@@ -20,7 +20,7 @@ import typer
 import yaml
 
 from speedrun.typer_app import new_app, run_app
-from speedrun.common import read_json, write_bytes, write_text
+from speedrun.common import read_json, write_bytes, write_parquet, write_text
 from speedrun.kept import BUNDLE, pack
 
 Track = Literal["chat", "task"]
@@ -77,6 +77,8 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
         raise SystemExit(f"{runs_dir}: no metrics of the experiment's runs {missing} (did the run finish?)")
     runs = {n: read_json(runs_dir / f"{n}.json") for n in names}  # only this experiment's runs
     write_text(written[2], json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    if track == "chat":
+        written += _chat_extras(folder, root, names)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                             check=True).stdout.strip()
     base = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=root, capture_output=True,
@@ -89,7 +91,9 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
              f"`{written[2].relative_to(folder)}`: every GRPO run's metrics, one key per run (`<arm>_s<seed>`)",
              f"`{samples.name}`: every {'answer' if track == 'task' else 'response'} the evaluation sampled"]
     if track == "chat":
-        notes.append(f"figures: `python -m speedrun.eval.replot {folder}` draws them into `figures/` (not committed)")
+        notes += ["`result.json`: the evaluation's whole result (each comparison's variance parts, for power and any "
+                  "pair's checks); `weights.parquet`: each run's prompt weights and realised draws (`run` column)",
+                  f"figures: `python -m speedrun.eval.replot {folder}` draws them into `figures/` (not committed)"]
     old = readme.read_bytes().decode("utf-8")
     old = old[:old.index("\n## Files\n")] if "\n## Files\n" in old else old  # kept again: the section replaced
     old = old.rstrip("\n")
@@ -100,6 +104,22 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
         print(f"warning: {folder / BUNDLE} is above {MAX_BYTES / 1e6:.0f} MB: commit the README and track the zip "
               f"with DVC instead (`dvc add {folder / BUNDLE}`, then `dvc push` to the team's remote)")
     return written
+
+
+def _chat_extras(folder: Path, root: Path, names: list[str]) -> list[Path]:
+    """The chat evaluation's full result and every run's prompt weights and draws (outs/grpo/<run>/weights.parquet,
+    one frame with a `run` column): the readings of any pair of arms (manipulation, power) recompute from them."""
+    import pandas as pd
+
+    result, weights = root / "outs/eval/result.json", [root / "outs/grpo" / n / "weights.parquet" for n in names]
+    for path in (result, *weights):
+        if not path.exists():
+            raise SystemExit(f"{path}: no such file (run the experiment's `dvc exp run` in {root} first)")
+    frame = pd.concat([pd.read_parquet(w).assign(run=n) for n, w in zip(names, weights)], ignore_index=True)
+    out = [folder / "result.json", folder / "weights.parquet"]
+    write_bytes(out[0], result.read_bytes())
+    write_parquet(out[1], frame)
+    return out
 
 
 @app.command(help=__doc__.splitlines()[0])
