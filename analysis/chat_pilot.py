@@ -1,0 +1,122 @@
+"""The SmolLM2 chat pilot's readings (reports/experiments/chat-smollm2-pilot, its plan's checks and readings in code,
+written after the run and before any output of it was read): the checks first (the manipulation of density and the
+oracle against baseline, the dose, the positive control's own manipulation, the temperature control), then each
+comparison as the range over the instruments that pass, at the same temperature and at an equal reward, reward and
+the quality checks, each arm's KL, and the power of density − baseline for the full design. No calls (a pilot).
+
+    python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from speedrun import kept
+from speedrun.eval.compare import METRIC_BY_NAME
+from speedrun.eval.controls import MIN_GROUP_TV, manipulation_check, power_table
+from speedrun.typer_app import new_app, run_app
+
+ARMS = ("baseline", "density", "shuffled", "balanced", "distinct")
+PAIRS = (("baseline", "shuffled"), ("distinct", "baseline"), ("density", "baseline"), ("balanced", "baseline"))
+DOSE_KL = 0.3
+app = new_app()
+
+
+def _ci(d: dict, fmt: str = "{:+.4f}") -> str:
+    return f"{fmt.format(d['value'])} [{fmt.format(d['ci_low'])}, {fmt.format(d['ci_high'])}]"
+
+
+def _signed(d: dict, name: str) -> dict:
+    """A same-temperature Δ signed so that > 0 reads more diverse (the equal-reward gaps are signed so already)."""
+    s = -1.0 if METRIC_BY_NAME[name].good == "lower" else 1.0
+    lo, hi = sorted((s * d["ci_low"], s * d["ci_high"]))
+    return {"value": s * d["value"], "ci_low": lo, "ci_high": hi}
+
+
+def checks(result: dict, runs: dict, weights) -> list[str]:
+    """The plan's checks (1)-(4), in its order."""
+    frames = {v: {int(r.rsplit("_s", 1)[1]): f.drop(columns="run").reset_index(drop=True)
+                  for r, f in weights[weights["run"].str.startswith(f"{v}_s")].groupby("run")} for v in ARMS}
+    out = ["Checks (read first):", ""]
+    for arm in ("density", "balanced"):
+        m = manipulation_check(frames, arm, "baseline")
+        out.append(f"- (1) {arm} against baseline: TV over modules {m['group_tv']:.3f} (bar {MIN_GROUP_TV}), over "
+                   f"prompts {m['prompt_tv']:.3f}: {'passes' if m['group_tv'] >= MIN_GROUP_TV else 'FAILS'}")
+    seeds = sorted(r["seed"] for r in runs.values() if r["variant"] == "baseline")
+    kl = [runs[f"baseline_s{s}"]["kl_end"] for s in seeds]
+    above = [runs[f"baseline_s{s}"]["reward_end"] > runs[f"shuffled_s{s}"]["reward_end"] for s in seeds]
+    out.append(f"- (2) the dose: baseline's KL at the end {', '.join(f'{k:.3f}' for k in kl)} (bar {DOSE_KL} in every "
+               f"seed: {'passes' if min(kl) >= DOSE_KL else 'FAILS'}); its RM reward at the end above shuffled's in "
+               f"{sum(above)} of {len(seeds)} seeds ({'passes' if all(above) else 'FAILS'})")
+    d = [(runs[f"distinct_s{s}"]["distinctness_end"], runs[f"baseline_s{s}"]["distinctness_end"]) for s in seeds]
+    pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in d)
+    out.append(f"- (3) distinct's distinctness at the end against baseline's: {pairs} "
+               f"({'passes' if all(a > b for a, b in d) else 'FAILS'}: above in every seed)")
+    control = result["temperature_control"]["metrics"]
+    ok = [m for m, x in control.items() if x["passes"]]
+    out.append(f"- (4) the temperature control passes {len(ok)} of {len(control)} instruments: {', '.join(ok)}; fails: "
+               + ", ".join(f"{m} (rho {x['rho']:.2f})" for m, x in control.items() if not x["passes"]))
+    return out
+
+
+def readings(result: dict) -> list[str]:
+    """Each comparison over the instruments the temperature control passes: the range, and how many intervals
+    exclude 0 either way, at the same temperature and at an equal reward (> 0: a more diverse)."""
+    ok = [m for m, x in result["temperature_control"]["metrics"].items() if x["passes"]]
+    by_pair = {(c["a"], c["b"]): c for c in result["comparisons"]}
+    er = result.get("equal_reward", {}).get("comparisons", {})
+    out = ["", "| comparison (> 0: the first more diverse) | reading | range over passing instruments | "
+               "intervals above 0 / below 0 | each |", "|---|---|---|---|---|"]
+    for a, b in PAIRS:
+        for label, cells in (("same temperature", {m: _signed(by_pair[(a, b)]["delta"][m], m) for m in ok
+                                                   if m in by_pair[(a, b)]["delta"]}),
+                             ("equal reward", {m: er[f"{a} - {b}"][m] for m in ok if m in er.get(f"{a} - {b}", {})})):
+            if not cells:
+                out.append(f"| {a} − {b} | {label} | none read | | |")
+                continue
+            v = [c["value"] for c in cells.values()]
+            up, down = sum(c["ci_low"] > 0 for c in cells.values()), sum(c["ci_high"] < 0 for c in cells.values())
+            each = "; ".join(f"{m} {_ci(c)}" for m, c in cells.items())
+            out.append(f"| {a} − {b} | {label} | {min(v):+.4f} to {max(v):+.4f} | {up} / {down} | {each} |")
+    return out
+
+
+def outcomes(result: dict, runs: dict) -> list[str]:
+    """Reward, the quality checks not from the RM, KL, and the power of density − baseline."""
+    out = ["", "Reward and quality, each arm against baseline (same temperature):", ""]
+    by_pair = {(c["a"], c["b"]): c for c in result["comparisons"]}
+    task = {(c["a"], c["b"]): c["delta"] for c in result.get("task", {}).get("comparisons", [])}
+    for a, b in PAIRS:
+        d = by_pair[(a, b)]["delta"]
+        cells = [f"{m} {_ci(d[m])}" for m in ("reward", "ref_loglik") if m in d]
+        cells += [f"gold {k} {_ci(v)}" for k, v in task.get((a, b), {}).items() if k == "pass@1"]
+        out.append(f"- {a} − {b}: " + ", ".join(cells))
+    out += ["", "KL at the end and the RM's reward (start -> end), per run:", ""]
+    for arm in ARMS:
+        rs = sorted((r for r in runs.values() if r["variant"] == arm), key=lambda r: r["seed"])
+        out.append(f"- {arm}: KL " + ", ".join(f"{r['kl_end']:.3f}" for r in rs) + "; reward "
+                   + ", ".join(f"{r['reward_start']:+.2f} -> {r['reward_end']:+.2f}" for r in rs)
+                   + f"; mean KL {np.mean([r['kl_end'] for r in rs]):.3f}")
+    power = power_table(result, by_pair[("density", "baseline")], "baseline")
+    out += ["", "Power of density − baseline (the report's method; collapse = baseline − SFT), per primary:", ""]
+    for name, p in power.items():
+        share = "no collapse to take a share of" if p["mde_share"] is None else f"{p['mde_share']:.0%} of it"
+        out.append(f"- {name}: collapse {p['collapse']:+.4f}, MDE {p['mde']:.4f} at {p['runs']} seeds ({share}); "
+                   f"seeds per arm for 30%: {p['runs_for_30pct']}, for 50%: {p['runs_for_50pct']}")
+    return out
+
+
+@app.command(help=__doc__.splitlines()[0])
+def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json, weights.parquet, metrics/")]) -> None:
+    result = kept.read_json(root / "result.json")
+    runs = kept.read_json(root / "metrics/grpo.json")
+    weights = kept.read_parquet(root / "weights.parquet")
+    print("\n".join([f"{root.name}: {len(runs)} GRPO runs", "", *checks(result, runs, weights), *readings(result),
+                     *outcomes(result, runs)]))
+
+
+if __name__ == "__main__":
+    run_app(app, None, "analysis/chat_pilot.py")
