@@ -17,7 +17,7 @@ import typer
 import yaml
 
 from speedrun import kept
-from speedrun.eval.matched_kl import on_line
+from speedrun.eval.matched_kl import at_control_kl
 from speedrun.eval.rarefaction import narrowing, right_answers
 from speedrun.eval.stats import ALPHA, holm
 from speedrun.eval.upstream import READINGS, cluster_interval, pool
@@ -141,8 +141,8 @@ def secondaries(root: Path, subs: dict, first: dict, slow: dict, ok: dict[str, b
                                                               for o, r in runs.values()]))
     rows.append(("KL at the end: oracle − rm", [o["kl"] - r["kl"] for o, r in runs.values()]))
     ups = [u for u in subs if ok[u]]
-    at_kl = [runs[u][0]["cov"]["all"] - on_line(runs[u][0]["kl"], (runs[u][1]["kl"], runs[u][1]["cov"]["all"]),
-                                                 (_run(slow[u], RM)["kl"], _run(slow[u], RM)["cov"]["all"]))
+    at_kl = [at_control_kl(runs[u][0]["kl"], runs[u][0]["cov"]["all"], (runs[u][1]["kl"], runs[u][1]["cov"]["all"]),
+                           (_run(slow[u], RM)["kl"], _run(slow[u], RM)["cov"]["all"]))["value"]
              for u in ups if u in slow]
     rows.append((f"Δ coverage at the oracle's KL (rm's line through lr 3e-4 and 1e-4; {len(at_kl)} models)", at_kl))
     rows.append(("oracle − rm_density (committed), Δ coverage at T = 1",

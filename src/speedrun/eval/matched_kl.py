@@ -23,4 +23,4 @@ def on_line(kl: float, a: tuple[float, float], b: tuple[float, float]) -> float:
 def at_control_kl(kl: float, value: float, a: tuple[float, float], b: tuple[float, float]) -> dict:
     """An arm's value (at its KL) minus the control's line at that KL, and whether the line was extrapolated."""
     w = kl_weight(kl, a[0], b[0])
-    return {"value": value - ((1 - w) * a[1] + w * b[1]), "weight": w, "extrapolated": not 0 <= w <= 1}
+    return {"value": value - on_line(kl, a, b), "weight": w, "extrapolated": not 0 <= w <= 1}
