@@ -75,8 +75,9 @@ def hf_folder(gguf: Path) -> Path:
 
 
 def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int) -> list[dict] | None:
-    """TRL's GRPOTrainer on the same batch (B prompts x G completions, no gradient checkpointing, fp32 on the CPU,
-    the lab's beta), the transformers model loaded from the same GGUF file; None where trl is not installed."""
+    """TRL's GRPOTrainer on the same batch (B prompts x G completions, no gradient checkpointing, on the CPU in the
+    lab's dtype: fp32, or bf16 mixed precision as its Trainer runs it, the lab's beta), the transformers model loaded
+    from the same GGUF file; None where trl is not installed."""
     try:
         import trl
         from datasets import Dataset
@@ -105,7 +106,7 @@ def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int)
         args = trl.GRPOConfig(output_dir=out, per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size,
                               num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens,
                               temperature=cfg.temperature, learning_rate=cfg.lr, beta=cfg.beta, max_steps=steps + 1,
-                              gradient_checkpointing=False, use_cpu=True, bf16=False, logging_steps=1,
+                              gradient_checkpointing=False, use_cpu=True, bf16=cfg.bf16, logging_steps=1,
                               report_to="none", save_strategy="no", seed=cfg.seed, disable_tqdm=True)
         trainer = trl.GRPOTrainer(model=model, reward_funcs=checker, args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_dict({"prompt": prompts * (steps + 1)}),
@@ -124,19 +125,22 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
          frozen: int = typer.Option(26, help="bottom blocks frozen in the frozen settings (SmolLM2 has 30)"),
          threads: int = typer.Option(2, help="torch CPU threads"),
          trl: bool = typer.Option(True, help="time TRL's GRPOTrainer too, where it is installed"),
+         dtype: str = typer.Option("fp32", help="fp32, or bf16 (the lab's autocast, TRL's bf16 mixed precision)"),
+         only: str = typer.Option("", help="comma-separated words: run only the settings whose name holds one "
+                                  "(e.g. 'frozen,TRL')"),
          items_path: Path = typer.Option(Path("data/task/items.parquet"), help="the task stage's items")) -> None:
     torch.set_num_threads(threads)
     p = params_lib.load()
     ck, source = load_base("smollm2-135m", "task.base")
     model = ck.model().float().eval()
-    cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=False,
+    cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=dtype == "bf16",
                               decode="dynamic", warm_up=False)
     df, ids = load_prompts(items_path, ck.tokenizer, "train", cfg.max_prompt_len)
     by_id = {i.item_id: i for i in task.load_items(items_path)}
     items = [by_id[pid] for pid in df["prompt_id"]]
-    print(f"{source}: {model.num_params() / 1e6:.1f}M parameters, fp32, {threads} threads; GRPO {cfg.prompts_per_step} "
-          f"prompts x {cfg.group_size} completions of at most {cfg.max_new_tokens} tokens, {len(ids)} train items, "
-          f"mu {cfg.inner_updates}, beta {cfg.beta}", flush=True)
+    print(f"{source}: {model.num_params() / 1e6:.1f}M parameters, {dtype}, {threads} threads; "
+          f"GRPO {cfg.prompts_per_step} prompts x {cfg.group_size} completions of at most {cfg.max_new_tokens} "
+          f"tokens, {len(ids)} train items, mu {cfg.inner_updates}, beta {cfg.beta}", flush=True)
     runs = {"lab, every weight": lambda: lab_run(model, ck, ids, items, cfg, 0, True, steps),
             f"lab, {frozen} blocks frozen, trunk recomputed": lambda: lab_run(model, ck, ids, items, cfg, frozen,
                                                                               False, steps),
@@ -147,6 +151,8 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
         gguf = wheel_checkpoint("smollm2-135m")
         runs["TRL GRPOTrainer, every weight"] = lambda: trl_run(gguf, texts, items, cfg, 0, steps)
         runs[f"TRL GRPOTrainer, {frozen} blocks frozen"] = lambda: trl_run(gguf, texts, items, cfg, frozen, steps)
+    if only:
+        runs = {k: v for k, v in runs.items() if any(w in k for w in only.split(","))}
     seen: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
     for r in range(rounds):
         for name, fn in runs.items():
@@ -162,6 +168,12 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
         if rows:
             print(f"{name}: {statistics.median(s for s, _ in rows):.1f} s/step, "
                   f"{sum(t for _, t in rows) / sum(s for s, _ in rows):.0f} completion tok/s ({len(rows)})")
+    med = {k: statistics.median(s for s, _ in rows) for k, rows in seen.items() if rows}
+    pairs = [(f"lab, {frozen} blocks frozen, trunk shared", f"TRL GRPOTrainer, {frozen} blocks frozen",
+              f"{frozen} blocks frozen"), ("lab, every weight", "TRL GRPOTrainer, every weight", "every weight")]
+    ratios = [f"{what} {med[b] / med[a]:.2f}x" for a, b, what in pairs if a in med and b in med]
+    print(f"grpo_smollm2 ({dtype}, {threads} threads): TRL s/step over the lab's: "
+          + ("; ".join(ratios) or "no TRL run, no ratio"))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import itertools
 from speedrun.decode import process_logits
 from speedrun.engine import Samples, generate, real_width, sequence_logprobs
 from speedrun.shapes import length_groups
+from speedrun.llama import Llama, LlamaConfig
 from speedrun.model import GPT, GPTConfig, KVCache
 
 torch.set_num_threads(1)
@@ -23,6 +24,20 @@ def tiny(vocab: int = 64, scale: float = 0.3, seed: int = 0) -> GPT:
     return model.eval()
 
 
+def tiny_llama(family: str, vocab: int = 64, scale: float = 0.3, seed: int = 0) -> Llama:
+    """Tiny Llama-family model (grouped-query: 4 query heads on 2 key/value heads), every weight random; qwen2: biased
+    query/key/value projections, qwen3: per-head query/key norms."""
+    torch.manual_seed(seed)
+    model = Llama(LlamaConfig(vocab_size=vocab, depth=2, n_embd=64, n_head=4, n_kv_head=2, ffn_hidden=96,
+                              qkv_bias=family == "qwen2", qk_norm=family == "qwen3", tied=False))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, scale)
+    return model.eval()
+
+
+MODELS = {"gpt": tiny, "llama": lambda: tiny_llama("llama"), "qwen2": lambda: tiny_llama("qwen2"),
+          "qwen3": lambda: tiny_llama("qwen3")}
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [5, 17, 33, 2]]
 
 
@@ -65,8 +80,9 @@ def naive_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def test_greedy_equals_full_recompute_with_mixed_lengths():
-    model = tiny()
+@pytest.mark.parametrize("kind", MODELS)
+def test_greedy_equals_full_recompute_with_mixed_lengths(kind):
+    model = MODELS[kind]()  # the Llamas decode through one_query_attention, the GPT through SDPA
     s = generate(model, PROMPTS, num_samples=2, max_new_tokens=10, temperature=0.0)
     assert s.tokens.shape == (6, 10) and s.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
     for i, prompt in enumerate(PROMPTS):
@@ -107,9 +123,10 @@ def test_first_token_frequencies_match_the_model_distribution():
     assert probs.max() < 0.9  # the check would be vacuous on a near-deterministic model
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (0, 0.8), (10, 0.9)])
-def test_sequence_logprobs_match_sampling(top_k, top_p):
-    model = tiny()
+@pytest.mark.parametrize("kind,top_k,top_p", [("gpt", 0, 1.0), ("gpt", 0, 0.8), ("gpt", 10, 0.9), ("llama", 0, 0.8),
+                                               ("qwen2", 10, 0.9), ("qwen3", 0, 1.0)])
+def test_sequence_logprobs_match_sampling(kind, top_k, top_p):
+    model = MODELS[kind]()
     kw = dict(temperature=0.7, top_k=top_k, top_p=top_p)
     s = generate(model, PROMPTS, num_samples=3, max_new_tokens=9, stop_id=11, generator=gen(1), **kw)
     lp = sequence_logprobs(model, PROMPTS, s.tokens, mask=s.mask, **kw)

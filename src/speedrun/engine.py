@@ -18,6 +18,7 @@ from torch import Tensor
 
 from speedrun.decode import DECODE_MODES, STATIC_WIDTH, dynamic_decode, process_logits, static_decode
 from speedrun.model import GPT, KVCache
+from speedrun.packed import packed_linears, sampling_dtype
 from speedrun.shapes import forward_compile, forward_cost, length_groups, record, round_up
 from speedrun.shapes import scoring_hidden, width_step
 from speedrun.tokenizer import Tokenizer
@@ -92,6 +93,19 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
     if max_new_tokens == 0:
         return Samples(tokens, mask, logprobs, prompt_index)
 
+    # bf16 on a CPU: the weights packed once for the whole call, not reordered at every product (speedrun.packed)
+    with packed_linears(model, sampling_dtype(device) if decode != "compiled" else None, N):
+        return _generate(model, ids, key_mask, num_samples, tokens, mask, logprobs, prompt_index, stop_id, pad_id,
+                         generator, uniforms, on_token, decode, dict(temperature=temperature, top_k=top_k, top_p=top_p))
+
+
+def _generate(model: GPT, ids: Tensor, key_mask: Tensor, num_samples: int, tokens: Tensor, mask: Tensor,
+              logprobs: Tensor, prompt_index: Tensor, stop_id: int | None, pad_id: int,
+              generator: torch.Generator | None, uniforms: Tensor | None,
+              on_token: Callable[[Tensor, Tensor], None] | None, decode: str, sample_kw: dict) -> Samples:
+    """generate()'s prefill and decode, its outputs allocated and its arguments checked."""
+    B, P = ids.shape
+    max_new_tokens, device = tokens.size(1), ids.device
     # prefill each prompt once, then give each of its samples its own copy of the cache
     cache = KVCache(model.config, B, P, device)
     last = model.logits(model.hidden(ids, key_mask=key_mask, kv_cache=cache)[:, -1])  # left padding: -1 is real
@@ -101,7 +115,6 @@ def generate(model: GPT, prompts: list[list[int]], num_samples: int, max_new_tok
         width = round_up(width, STATIC_WIDTH)
     cache = cache.expand(num_samples, width)
     last = last.repeat_interleave(num_samples, 0)  # replicated BEFORE the first draw: samples differ from token 1
-    sample_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     decoder = static_decode if static else dynamic_decode
     t = decoder(model, cache, last, tokens, mask, logprobs, stop_id, pad_id, generator, uniforms, on_token, decode,
                 sample_kw)

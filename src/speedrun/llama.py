@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, rotary, trunk_blocks
+from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, one_query_attention, rotary, trunk_blocks
 from speedrun.shapes import record
 
 
@@ -45,9 +45,18 @@ class LlamaConfig:
         return self.head_size or self.n_embd // self.n_head
 
 
-def hf_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary as Llama checkpoints expect it (first half rotated towards the second): the GPT's turn, reversed."""
-    return apply_rotary(x, cos, -sin)
+def hf_rotary(positions: Tensor, config: LlamaConfig, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin tables (speedrun.model.rotary) for rotary as Llama checkpoints expect it (first half rotated towards
+    the second: the GPT's turn reversed, so sin negated), in dtype (the projections' own): made once per forward, not
+    cast and negated in each of the 30 blocks."""
+    cos, sin = rotary(positions, config.head_dim, config.rope_theta)
+    return cos.to(dtype), (-sin).to(dtype)
+
+
+def compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+    """The dtype a Linear of model returns here: autocast's where it is on, else the weights'."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else \
+        model.wte.weight.dtype
 
 
 class Attention(nn.Module):
@@ -63,14 +72,16 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
 
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied (after Qwen3's head norms)."""
+        """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied (after Qwen3's head norms); cos, sin:
+        hf_rotary's tables."""
         B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_head, self.head_dim)
         k = self.k(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return hf_rotary(q.transpose(1, 2), cos, sin), hf_rotary(k.transpose(1, 2), cos, sin), v
+        qk = apply_rotary(torch.cat([q, k], 2).transpose(1, 2), cos, sin)  # one turn for both: half the small ops
+        return *qk.split([self.n_head, self.n_kv_head], 1), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         B, T, _ = x.shape
@@ -79,6 +90,11 @@ class Attention(nn.Module):
             k, v = kv_cache.update(self.layer, k, v)
         if self.layer == 0:
             record("attention", B, T, k.size(2), mask is not None)
+        if T == 1 and kv_cache is not None and type(kv_cache) is KVCache:  # a decode step (one_query_attention)
+            # over the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
+            # contiguous per row, and a bf16 batched matmul copies it first (3.7x slower at 64 rows of SmolLM2)
+            k, v, valid = kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.valid[:, None, None]
+            return self.o(one_query_attention(q, k, v, valid).reshape(B, T, -1))
         groups = self.n_head // self.n_kv_head  # each key/value head serves this many query heads
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         if mask is None:
@@ -146,7 +162,7 @@ class Llama(nn.Module):
         """Final normed hidden states [B, T, C] (the arguments: speedrun.model.attention_inputs; split and resume:
         GPT.hidden's)."""
         positions, mask, key_mask = attention_inputs(idx, key_mask, positions, kv_cache, padded)
-        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = hf_rotary(positions, self.config, compute_dtype(self, idx.device))
         x = self.wte(idx) if resume is None else resume
         for block in trunk_blocks(self.blocks, split, resume):
             x = block(x, cos, sin, mask, kv_cache)
@@ -160,7 +176,7 @@ class Llama(nn.Module):
         [L, N, Hkv, S, D]; returns (logits [N, V], the token's keys and values [L, N, Hkv, 1, D]), writing nothing."""
         N, c = token.size(0), self.config
         groups = c.n_head // c.n_kv_head
-        cos, sin = rotary(lengths[:, None], c.head_dim, c.rope_theta)
+        cos, sin = hf_rotary(lengths[:, None], c, compute_dtype(self, token.device))
         bias = torch.zeros(valid.shape, device=valid.device).masked_fill(~valid, float("-inf"))[:, None, None, :]
         scale = c.head_dim ** -0.5
         x = self.wte(token[:, None])
