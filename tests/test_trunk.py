@@ -10,7 +10,9 @@ from conftest import grpo_config
 from speedrun.engine import generate, sequence_logprobs
 from speedrun.llama import Llama, LlamaConfig
 from speedrun.model import GPT, GPTConfig
+from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import draw_prompts
+from speedrun.rl.rewards import score_samples
 from speedrun.rl.trainer import grpo_train
 from speedrun.trunk import freeze_trunk, frozen_linears_in, frozen_trunk, require_shared_trunk
 
@@ -44,6 +46,32 @@ def test_log_probs_through_the_trunk_are_the_full_forwards(kind, blocks):
     shared, shared_ent = sequence_logprobs(model, PROMPTS, s.tokens, trunk=trunk, **kw)
     assert torch.allclose(shared, full, atol=1e-5) and torch.allclose(shared_ent, full_ent, atol=1e-5)
     assert not trunk.states.requires_grad and (shared[s.mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_a_reward_model_on_the_trunks_blocks_scores_through_it_as_through_its_own(kind, pool):
+    policy = random_model(kind)
+    rm = RewardModel.from_gpt(policy, pool)
+    with torch.no_grad():  # its own last block and head, as train_rm's train_last_blocks leaves them
+        for p in [*rm.trunk.blocks[2].parameters(), rm.head.weight]:
+            p.normal_(0.0, 0.3)
+    torch.manual_seed(2)
+    s = generate(policy, PROMPTS, 4, 9, stop_id=3, pad_id=0, temperature=1.0)
+    assert (s.mask.sum(1) < s.mask.size(1)).any()  # rows of several lengths: the last real token differs per row
+    own = score_samples(rm, PROMPTS, s, 0, standardise=False)
+    s.trunk = frozen_trunk(policy, PROMPTS, s.tokens, s.mask, 2, pad_id=0, every_token=True)
+    assert s.trunk.shares(rm.trunk) and s.trunk.tokens.size(1) == int(s.mask.sum(1).max())
+    calls = []
+    rm.trunk.blocks[0].register_forward_hook(lambda *a: calls.append(1))
+    torch.testing.assert_close(score_samples(rm, PROMPTS, s, 0, standardise=False), own, atol=1e-5, rtol=1e-5)
+    assert not calls  # the RM's frozen blocks did not run
+    other = RewardModel.from_gpt(random_model(kind, seed=1), pool)  # other first blocks: scored by its own
+    assert not s.trunk.shares(other.trunk)
+    s.trunk = None
+    want = score_samples(other, PROMPTS, s, 0, standardise=False)
+    s.trunk = frozen_trunk(policy, PROMPTS, s.tokens, s.mask, 2, pad_id=0, every_token=True)
+    assert torch.equal(score_samples(other, PROMPTS, s, 0, standardise=False), want)
 
 
 def test_freeze_trunk_freezes_the_embedding_and_bottom_blocks_and_refuses_all_of_them():

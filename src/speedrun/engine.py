@@ -30,6 +30,7 @@ class Samples:
     mask: Tensor          # [N, T] float: 1.0 on completion tokens (the stop token included), 0 after
     logprobs: Tensor      # [N, T] float: log-prob of each token under process_logits at sampling time, 0 off-mask
     prompt_index: Tensor  # [N] long: the prompt each row came from; a prompt's samples are adjacent
+    trunk: "FrozenTrunk | None" = None  # noqa: F821  the frozen blocks' states of these rows, where GRPO made them
 
 
 def completion_texts(out: Samples, tok: Tokenizer) -> list[str]:

@@ -82,9 +82,11 @@ class FrozenTrunk:
     prompt_ids: Tensor     # [B, P]
     prompt_mask: Tensor    # [B, P] False on the left padding
     prompt_index: Tensor   # [N] the prompt of each completion row
-    tokens: Tensor         # [N, W]
+    tokens: Tensor         # [N, W] (with every real token: W' >= W columns)
     prompt_states: Tensor  # [B, P, C] no grad
     states: Tensor         # [N, W, C] no grad
+    width: int = 0         # W: the columns log-probs need (each row's last real token has no successor to predict)
+    source: nn.Module | None = None  # the model whose frozen blocks ran
 
     def completion_states(self, model: nn.Module, T: int) -> Tensor:
         """model's final states [N, T, C] that predict completion tokens 0 .. T-1 (0 past the trunk's columns), with
@@ -93,10 +95,31 @@ class FrozenTrunk:
         last = model.hidden(self.prompt_ids, key_mask=self.prompt_mask, kv_cache=cache, resume=self.prompt_states,
                             **kw)[:, -1].index_select(0, self.prompt_index)  # left padding: -1 is real
         h = [last[:, None]]
-        if self.tokens.size(1):
-            h.append(model.hidden(self.tokens, kv_cache=cache.select(self.prompt_index), resume=self.states, **kw))
+        if self.width:
+            h.append(model.hidden(self.tokens[:, :self.width], kv_cache=cache.select(self.prompt_index),
+                                  resume=self.states[:, :self.width], **kw))
         h = torch.cat(h, 1)
         return torch.nn.functional.pad(h, (0, 0, 0, T - h.size(1)))
+
+    @torch.no_grad()
+    def token_states(self, model: nn.Module) -> Tensor:
+        """model's final states [N, W', C] of every completion column the trunk holds, through model's blocks after
+        the trunk: what a reward model whose frozen blocks are the trunk's reads (shares), without running them."""
+        cache, kw = self.cache(model), dict(split=self.blocks)
+        model.hidden(self.prompt_ids, key_mask=self.prompt_mask, kv_cache=cache, resume=self.prompt_states, **kw)
+        return model.hidden(self.tokens, kv_cache=cache.select(self.prompt_index), resume=self.states, **kw)
+
+    def shares(self, model: nn.Module) -> bool:
+        """Whether model's embedding and first `blocks` blocks are the trunk's (checked once per pair of models:
+        frozen weights do not change)."""
+        mine = trunk_weights(self.source, self.blocks) if self.source is not None else {}
+        seen = model.__dict__.setdefault("_same_trunk", {})
+        key = (id(self.source), self.blocks, next(iter(mine.values())).dtype if mine else None)
+        if key not in seen:  # (a frozen weight held in bf16 for a decode compares as bf16: frozen_linears_in)
+            theirs = dict(model.named_parameters())
+            seen[key] = bool(mine) and all(n in theirs and theirs[n].shape == w.shape
+                                           and torch.equal(theirs[n].to(w.dtype), w) for n, w in mine.items())
+        return seen[key]
 
     def cache(self, model: nn.Module) -> PrefixCache:
         return PrefixCache(model.config, self.prompt_ids.size(0), self.prompt_ids.size(1) + self.tokens.size(1),
@@ -105,18 +128,21 @@ class FrozenTrunk:
 
 @torch.no_grad()
 def frozen_trunk(model: nn.Module, prompts: list[list[int]], tokens: Tensor, mask: Tensor, blocks: int,
-                 pad_id: int) -> FrozenTrunk:
-    """The trunk of a generate() batch: prompts [B], completion tokens and mask [N, T], each prompt's rows adjacent."""
+                 pad_id: int, every_token: bool = False) -> FrozenTrunk:
+    """The trunk of a generate() batch: prompts [B], completion tokens and mask [N, T], each prompt's rows adjacent.
+    every_token: also each row's last real token (one more column), for a reward model that shares the trunk."""
     N, T = tokens.shape
     if N % len(prompts):
         raise ValueError(f"{N} completion rows do not split evenly over {len(prompts)} prompts")
     prompt_index = torch.arange(len(prompts), device=tokens.device).repeat_interleave(N // len(prompts))
     # the states needed: up to the token before each row's last real one (a ladder width on a GPU)
-    W = min(T - 1, round_up(max(int(real_width(mask > 0).max()) - 1, 1), width_step()))
+    longest = int(real_width(mask > 0).max())
+    W = min(T - 1, round_up(max(longest - 1, 1), width_step()))
+    held = min(T, round_up(max(longest, 1), width_step())) if every_token else W
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, tokens.device)
-    t = FrozenTrunk(blocks, prompt_ids, prompt_mask, prompt_index, tokens[:, :W], None, None)
+    t = FrozenTrunk(blocks, prompt_ids, prompt_mask, prompt_index, tokens[:, :held], None, None, W, model)
     cache = t.cache(model)
     t.prompt_states = model.hidden(prompt_ids, key_mask=prompt_mask, kv_cache=cache, split=blocks)
-    t.states = model.hidden(t.tokens, kv_cache=cache.select(prompt_index), split=blocks) if W else \
+    t.states = model.hidden(t.tokens, kv_cache=cache.select(prompt_index), split=blocks) if held else \
         t.prompt_states.new_zeros(N, 0, t.prompt_states.size(-1))
     return t

@@ -14,13 +14,21 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     """RM reward [N] of each prompt + completion (its stop token included), on CPU.
     Rows are [left pads | prompt | completion | right pads]; the RM reads the last real token (or, pool "mean",
     the completion's tokens). When every row fits the RM's context, each prompt is run once for its samples; rows
-    fit unless the completions alone leave fewer than 3 tokens of it (then the leftmost columns are dropped)."""
+    fit unless the completions alone leave fewer than 3 tokens of it (then the leftmost columns are dropped).
+    Where the samples carry a frozen trunk (GRPO with frozen_blocks) whose blocks are the RM's own first ones, the RM
+    runs only its blocks after it."""
     device = samples.tokens.device
     room = rm.max_len - samples.tokens.size(1)
     if room >= 3:  # a prompt too long for the RM's context is cut as every stage cuts one: its header and its end
         prompts = [cut_prompt(p, room) for p in prompts]
     p_ids, p_mask = left_pad(prompts, pad_id, device)
     width = max(len(p) for p in prompts) + samples.tokens.size(1)  # real tokens (left_pad may round up)
+    t = samples.trunk
+    if t is not None and width <= rm.max_len and t.tokens.size(1) >= int(real_width(samples.mask).max()) \
+            and t.shares(rm.trunk):  # the policy's frozen blocks are the RM's: only the RM's own blocks run
+        h = t.token_states(rm.trunk)
+        r = rm.pool_scores(h, samples.mask[:, :h.size(1)] > 0, torch.zeros(len(h), dtype=torch.long, device=device))
+        return rm.standardise(r.float().cpu()) if standardise else r.float().cpu()
     if width <= rm.max_len:
         _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id,
                                    real_width(samples.mask))

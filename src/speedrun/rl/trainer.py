@@ -86,8 +86,9 @@ def grpo_train(policy: nn.Module, ref: nn.Module, prompts: list[list[int]], draw
             share = rank_share(len(idx), d)
             rows = slice(share.start * G, share.stop * G)  # this rank's completions
             with torch.no_grad(), autocast(device, cfg.bf16):
-                trunk = frozen_trunk(policy, batch, s.tokens, s.mask, cfg.frozen_blocks, pad_id) \
-                    if cfg.frozen_blocks else None  # the policy's and the reference's, the same weights
+                trunk = s.trunk  # the policy's and the reference's, the same weights (the rollout's, or made here)
+                if trunk is None and cfg.frozen_blocks:
+                    trunk = frozen_trunk(policy, batch, s.tokens, s.mask, cfg.frozen_blocks, pad_id)
                 ref_logp = sequence_logprobs(ref, batch, s.tokens, mask=s.mask, pad_id=pad_id, trunk=trunk,
                                              **sample_kw)
             check_finite(float(rewards.mean()), f"{name} reward", step)
@@ -154,6 +155,9 @@ def rollout(policy: nn.Module, prompts: list[list[int]], draw: DrawFn, reward_fn
                 s = generate(policy, batch, G, cfg.max_new_tokens, stop_id=stop_id, pad_id=pad_id,
                              uniforms=uniforms, decode=cfg.decode, temperature=cfg.temperature, top_k=cfg.top_k,
                              top_p=cfg.top_p)
+                if cfg.frozen_blocks and select is None:  # before the reward: an RM on the same blocks shares it
+                    s.trunk = frozen_trunk(policy, batch, s.tokens, s.mask, cfg.frozen_blocks, pad_id,
+                                           every_token=True)
             local_rewards = reward_fn(batch, s).float().to(device)
         rewards = all_gather_cat(local_rewards, d).cpu()
         if select is None:
