@@ -90,8 +90,8 @@ class Attention(nn.Module):
             k, v = kv_cache.update(self.layer, k, v)
         if self.layer == 0:
             record("attention", B, T, k.size(2), mask is not None)
-        if T == 1 and kv_cache is not None and type(kv_cache) is KVCache:  # a decode step (one_query_attention)
-            # over the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
+        if T == 1 and type(kv_cache) is KVCache:  # a decode step (a PrefixCache concatenates: SDPA below), over
+            # the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
             # contiguous per row, and a bf16 batched matmul copies it first (3.7x slower at 64 rows of SmolLM2)
             k, v, valid = kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.valid[:, None, None]
             return self.o(one_query_attention(q, k, v, valid).reshape(B, T, -1))

@@ -64,13 +64,21 @@ def frozen_linears_in(model: nn.Module, dtype: torch.dtype | None) -> Iterator[N
             w.data = data
 
 
+def trunk_difference(model: nn.Module, other: nn.Module, blocks: int) -> str | None:
+    """The name of the first weight of model's frozen trunk that other lacks or holds otherwise (compared in model's
+    dtype: a weight held in bf16 for a decode, frozen_linears_in, compares as bf16); None where the trunks are one."""
+    theirs = dict(other.named_parameters())
+    for name, w in trunk_weights(model, blocks).items():
+        if name not in theirs or theirs[name].shape != w.shape or not torch.equal(theirs[name].to(w.dtype), w):
+            return name
+    return None
+
+
 def require_shared_trunk(policy: nn.Module, ref: nn.Module, blocks: int) -> None:
     """Refuse to share activations between two models whose frozen trunks differ (the reference must be the
     policy's starting point)."""
-    ref_weights = ref.state_dict()
-    for name, w in trunk_weights(policy, blocks).items():
-        if not torch.equal(w, ref_weights[name]):
-            raise ValueError(f"the policy's frozen {name} differs from its reference's: the trunk cannot be shared")
+    if (name := trunk_difference(policy, ref, blocks)) is not None:
+        raise ValueError(f"the policy's frozen {name} differs from its reference's: the trunk cannot be shared")
 
 
 @dataclass
@@ -91,34 +99,34 @@ class FrozenTrunk:
     def completion_states(self, model: nn.Module, T: int) -> Tensor:
         """model's final states [N, T, C] that predict completion tokens 0 .. T-1 (0 past the trunk's columns), with
         gradients through model's blocks after the trunk."""
-        cache, kw = self.cache(model), dict(split=self.blocks)
-        last = model.hidden(self.prompt_ids, key_mask=self.prompt_mask, kv_cache=cache, resume=self.prompt_states,
-                            **kw)[:, -1].index_select(0, self.prompt_index)  # left padding: -1 is real
-        h = [last[:, None]]
-        if self.width:
-            h.append(model.hidden(self.tokens[:, :self.width], kv_cache=cache.select(self.prompt_index),
-                                  resume=self.states[:, :self.width], **kw))
-        h = torch.cat(h, 1)
+        last, h = self.after(model, self.width)
+        h = torch.cat([last[:, None], h], 1)
         return torch.nn.functional.pad(h, (0, 0, 0, T - h.size(1)))
 
     @torch.no_grad()
     def token_states(self, model: nn.Module) -> Tensor:
         """model's final states [N, W', C] of every completion column the trunk holds, through model's blocks after
         the trunk: what a reward model whose frozen blocks are the trunk's reads (shares), without running them."""
+        return self.after(model, self.tokens.size(1))[1]
+
+    def after(self, model: nn.Module, width: int) -> tuple[Tensor, Tensor]:
+        """model's final states through its blocks after the trunk: each row's prompt's last [N, C] and its first
+        `width` completion columns [N, width, C]."""
         cache, kw = self.cache(model), dict(split=self.blocks)
-        model.hidden(self.prompt_ids, key_mask=self.prompt_mask, kv_cache=cache, resume=self.prompt_states, **kw)
-        return model.hidden(self.tokens, kv_cache=cache.select(self.prompt_index), resume=self.states, **kw)
+        last = model.hidden(self.prompt_ids, key_mask=self.prompt_mask, kv_cache=cache, resume=self.prompt_states,
+                            **kw)[:, -1].index_select(0, self.prompt_index)  # left padding: -1 is real
+        if not width:
+            return last, last.new_zeros(len(last), 0, last.size(-1))
+        return last, model.hidden(self.tokens[:, :width], kv_cache=cache.select(self.prompt_index),
+                                  resume=self.states[:, :width], **kw)
 
     def shares(self, model: nn.Module) -> bool:
         """Whether model's embedding and first `blocks` blocks are the trunk's (checked once per pair of models:
         frozen weights do not change)."""
-        mine = trunk_weights(self.source, self.blocks) if self.source is not None else {}
         seen = model.__dict__.setdefault("_same_trunk", {})
-        key = (id(self.source), self.blocks, next(iter(mine.values())).dtype if mine else None)
-        if key not in seen:  # (a frozen weight held in bf16 for a decode compares as bf16: frozen_linears_in)
-            theirs = dict(model.named_parameters())
-            seen[key] = bool(mine) and all(n in theirs and theirs[n].shape == w.shape
-                                           and torch.equal(theirs[n].to(w.dtype), w) for n, w in mine.items())
+        key = (id(self.source), self.blocks)
+        if key not in seen:
+            seen[key] = self.source is not None and trunk_difference(self.source, model, self.blocks) is None
         return seen[key]
 
     def cache(self, model: nn.Module) -> PrefixCache:

@@ -18,17 +18,17 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     Where the samples carry a frozen trunk (GRPO with frozen_blocks) whose blocks are the RM's own first ones, the RM
     runs only its blocks after it."""
     device = samples.tokens.device
+    t = samples.trunk  # the trunk holds the whole prompts: only where they fit the RM's context uncut
+    if t is not None and max(len(p) for p in prompts) + samples.tokens.size(1) <= rm.max_len \
+            and t.tokens.size(1) >= int(real_width(samples.mask).max()) and t.shares(rm.trunk):
+        h = t.token_states(rm.trunk)  # the policy's frozen blocks are the RM's: only the RM's own blocks run
+        r = rm.pool_scores(h, samples.mask[:, :h.size(1)] > 0, torch.zeros(len(h), dtype=torch.long, device=device))
+        return rm.standardise(r.float().cpu()) if standardise else r.float().cpu()
     room = rm.max_len - samples.tokens.size(1)
     if room >= 3:  # a prompt too long for the RM's context is cut as every stage cuts one: its header and its end
         prompts = [cut_prompt(p, room) for p in prompts]
     p_ids, p_mask = left_pad(prompts, pad_id, device)
     width = max(len(p) for p in prompts) + samples.tokens.size(1)  # real tokens (left_pad may round up)
-    t = samples.trunk
-    if t is not None and width <= rm.max_len and t.tokens.size(1) >= int(real_width(samples.mask).max()) \
-            and t.shares(rm.trunk):  # the policy's frozen blocks are the RM's: only the RM's own blocks run
-        h = t.token_states(rm.trunk)
-        r = rm.pool_scores(h, samples.mask[:, :h.size(1)] > 0, torch.zeros(len(h), dtype=torch.long, device=device))
-        return rm.standardise(r.float().cpu()) if standardise else r.float().cpu()
     if width <= rm.max_len:
         _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id,
                                    real_width(samples.mask))
