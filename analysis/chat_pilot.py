@@ -1,10 +1,12 @@
-"""The SmolLM2 chat pilot's readings (reports/experiments/chat-smollm2-pilot, its plan's checks and readings in code,
-written after the run and before any output of it was read): the checks first (the manipulation of density and the
-oracle against baseline, the dose, the positive control's own manipulation, the temperature control), then each
-comparison as the range over the instruments that pass, at the same temperature and at an equal reward, reward and
-the quality checks, each arm's KL, and the power of density − baseline for the full design. No calls (a pilot).
+"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot and chat-smollm2-pilot-2, their plans'
+checks and readings in code, written before any output of the evaluation was read): the checks first (the RM's
+held-out accuracy by kind where the pilot kept it, the manipulation of density and the oracle against baseline, the
+dose, the positive control's own manipulation, the temperature control), then each comparison as the range over the
+instruments that pass, at the same temperature and at an equal reward, reward and the quality checks, each arm's KL,
+and the power of density − baseline for the full design. No calls (a pilot). The second pilot's plan adds to the
+dose the RM reward's gain beyond shuffled's (2b) and reads the RM (0); the first pilot's plan had neither.
 
-    python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot
+    python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot-2
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from speedrun.typer_app import new_app, run_app
 ARMS = ("baseline", "density", "shuffled", "balanced", "distinct")
 PAIRS = (("baseline", "shuffled"), ("distinct", "baseline"), ("density", "baseline"), ("balanced", "baseline"))
 DOSE_KL = 0.3
+DOSE_GAIN = 0.5  # the second pilot's bar: baseline's RM reward gain (end - start) beyond shuffled's, every seed
 app = new_app()
 
 
@@ -36,11 +39,25 @@ def _signed(d: dict, name: str) -> dict:
     return {"value": s * d["value"], "ci_low": lo, "ci_high": hi}
 
 
-def checks(result: dict, runs: dict, weights) -> list[str]:
-    """The plan's checks (1)-(4), in its order."""
+def rm_check(rm: dict | None) -> list[str]:
+    """(0) The RM's held-out accuracy by kind beside the base's likelihood and word overlap (the second pilot's bar:
+    above 0.5 and above the base's likelihood on the hard pairs, whose two sides are references that end)."""
+    if rm is None:
+        return ["- (0) the RM: not kept with this pilot"]
+    kinds = rm["by_kind"]
+    cells = "; ".join(f"{k} {v['acc']:.3f} (likelihood {v['sft_logprob_acc']:.3f}, word overlap "
+                      f"{v['baseline_acc']:.3f}, {v['pairs']} pairs)" for k, v in kinds.items())
+    hard = kinds.get("hard")
+    ok = hard is not None and hard["acc"] > max(0.5, hard["sft_logprob_acc"])
+    return [f"- (0) the RM's held-out accuracy by kind: {cells}: {'passes' if ok else 'FAILS'} (hard above 0.5 and "
+            "above the base's likelihood)"]
+
+
+def checks(result: dict, runs: dict, weights, rm: dict | None = None) -> list[str]:
+    """The plan's checks (0)-(4), in its order."""
     frames = {v: {int(r.rsplit("_s", 1)[1]): f.drop(columns="run").reset_index(drop=True)
                   for r, f in weights[weights["run"].str.startswith(f"{v}_s")].groupby("run")} for v in ARMS}
-    out = ["Checks (read first):", ""]
+    out = ["Checks (read first):", "", *rm_check(rm)]
     for arm in ("density", "balanced"):
         m = manipulation_check(frames, arm, "baseline")
         out.append(f"- (1) {arm} against baseline: TV over modules {m['group_tv']:.3f} (bar {MIN_GROUP_TV}), over "
@@ -51,6 +68,11 @@ def checks(result: dict, runs: dict, weights) -> list[str]:
     out.append(f"- (2) the dose: baseline's KL at the end {', '.join(f'{k:.3f}' for k in kl)} (bar {DOSE_KL} in every "
                f"seed: {'passes' if min(kl) >= DOSE_KL else 'FAILS'}); its RM reward at the end above shuffled's in "
                f"{sum(above)} of {len(seeds)} seeds ({'passes' if all(above) else 'FAILS'})")
+    gain = lambda r: r["reward_end"] - r["reward_start"]  # noqa: E731
+    beyond = [gain(runs[f"baseline_s{s}"]) - gain(runs[f"shuffled_s{s}"]) for s in seeds]
+    out.append(f"- (2b) baseline's RM reward gain beyond shuffled's, per seed: "
+               f"{', '.join(f'{b:+.2f}' for b in beyond)} (bar {DOSE_GAIN} in every seed: "
+               f"{'passes' if min(beyond) >= DOSE_GAIN else 'FAILS'})")
     d = [(runs[f"distinct_s{s}"]["distinctness_end"], runs[f"baseline_s{s}"]["distinctness_end"]) for s in seeds]
     pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in d)
     out.append(f"- (3) distinct's distinctness at the end against baseline's: {pairs} "
@@ -114,7 +136,8 @@ def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json,
     result = kept.read_json(root / "result.json")
     runs = kept.read_json(root / "metrics/grpo.json")
     weights = kept.read_parquet(root / "weights.parquet")
-    print("\n".join([f"{root.name}: {len(runs)} GRPO runs", "", *checks(result, runs, weights), *readings(result),
+    rm = kept.read_json(root / "metrics/rm.json") if kept.exists(root / "metrics/rm.json") else None
+    print("\n".join([f"{root.name}: {len(runs)} GRPO runs", "", *checks(result, runs, weights, rm), *readings(result),
                      *outcomes(result, runs)]))
 
 

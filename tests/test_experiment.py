@@ -67,8 +67,9 @@ def test_keep_writes_a_few_files_and_the_overrides(tmp_path):
 
 
 def test_keep_chat_adds_the_full_result_and_every_runs_weights(tmp_path):
-    """A chat experiment keeps the evaluation's whole result and each run's prompt weights and draws in one frame, so
-    the readings of any pair of arms (a manipulation check, a power table) recompute from what a clone has."""
+    """A chat experiment keeps the evaluation's whole result, the RM's metrics and each run's prompt weights and draws
+    in one frame, so the readings of any pair of arms (a manipulation check, a power table) and the RM's held-out
+    accuracy recompute from what a clone has."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"grpo": {"seeds": [1], "run": ["density", "baseline"]}}))
     folder = tmp_path / "reports/experiments/x"
     folder.mkdir(parents=True)
@@ -89,10 +90,15 @@ def test_keep_chat_adds_the_full_result_and_every_runs_weights(tmp_path):
     with pytest.raises(SystemExit, match="result.json: no such file"):
         experiment.keep(folder, "chat", tmp_path)
     (tmp_path / "outs/eval/result.json").write_text(json.dumps({"comparisons": []}))
+    with pytest.raises(SystemExit, match="rm.json: no such file"):
+        experiment.keep(folder, "chat", tmp_path)
+    (tmp_path / "reports/metrics/rm.json").write_text(json.dumps({"by_kind": {"hard": {"acc": 0.75}}}))
     written = experiment.keep(folder, "chat", tmp_path)
     assert sorted(p.relative_to(folder).as_posix() for p in written) == [
-        "metrics/diversity.json", "metrics/grpo.json", "report.md", "result.json", "samples.parquet", "weights.parquet"]
+        "metrics/diversity.json", "metrics/grpo.json", "metrics/rm.json", "report.md", "result.json",
+        "samples.parquet", "weights.parquet"]
     assert kept.read_json(folder / "result.json") == {"comparisons": []}
+    assert kept.read_json(folder / "metrics/rm.json")["by_kind"]["hard"]["acc"] == 0.75
     w = kept.read_parquet(folder / "weights.parquet")
     assert w.groupby("run")["weight"].apply(list).to_dict() == {"baseline_s1": [0.5, 0.5], "density_s1": [0.75, 0.25]}
     assert "`weights.parquet`" in (folder / "README.md").read_text()

@@ -92,7 +92,8 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
              f"`{samples.name}`: every {'answer' if track == 'task' else 'response'} the evaluation sampled"]
     if track == "chat":
         notes += ["`result.json`: the evaluation's whole result (each comparison's variance parts, for power and any "
-                  "pair's checks); `weights.parquet`: each run's prompt weights and realised draws (`run` column)",
+                  "pair's checks); `weights.parquet`: each run's prompt weights and realised draws (`run` column); "
+                  "`metrics/rm.json`: the RM's held-out accuracy by kind beside the base's likelihood and word overlap",
                   f"figures: `python -m speedrun.eval.replot {folder}` draws them into `figures/` (not committed)"]
     old = readme.read_bytes().decode("utf-8")
     old = old[:old.index("\n## Files\n")] if "\n## Files\n" in old else old  # kept again: the section replaced
@@ -107,18 +108,21 @@ def keep(folder: Path, track: str, root: Path = Path(".")) -> list[Path]:
 
 
 def _chat_extras(folder: Path, root: Path, names: list[str]) -> list[Path]:
-    """The chat evaluation's full result and every run's prompt weights and draws (outs/grpo/<run>/weights.parquet,
-    one frame with a `run` column): the readings of any pair of arms (manipulation, power) recompute from them."""
+    """The chat evaluation's full result, the RM's metrics (held-out accuracy by kind beside its baselines) and every
+    run's prompt weights and draws (outs/grpo/<run>/weights.parquet, one frame with a `run` column): the readings of
+    any pair of arms (manipulation, power) recompute from them."""
     import pandas as pd
 
-    result, weights = root / "outs/eval/result.json", [root / "outs/grpo" / n / "weights.parquet" for n in names]
-    for path in (result, *weights):
+    result, rm = root / "outs/eval/result.json", root / "reports/metrics/rm.json"
+    weights = [root / "outs/grpo" / n / "weights.parquet" for n in names]
+    for path in (result, rm, *weights):
         if not path.exists():
             raise SystemExit(f"{path}: no such file (run the experiment's `dvc exp run` in {root} first)")
     frame = pd.concat([pd.read_parquet(w).assign(run=n) for n, w in zip(names, weights)], ignore_index=True)
-    out = [folder / "result.json", folder / "weights.parquet"]
+    out = [folder / "result.json", folder / "weights.parquet", folder / "metrics/rm.json"]
     write_bytes(out[0], result.read_bytes())
     write_parquet(out[1], frame)
+    write_bytes(out[2], rm.read_bytes())
     return out
 
 
