@@ -131,14 +131,40 @@ def outcomes(result: dict, runs: dict) -> list[str]:
     return out
 
 
+def described(runs: dict, samples, cut_at: int, base: str) -> list[str]:
+    """The second pilot's descriptions (no intervals): each arm's share of answers cut at the token limit at the end
+    of training (the runs' logs), and the RM's standardised reward of the evaluation's answers that end against
+    those cut, per model kind (a response is cut when it re-encodes to cut_at tokens or more in the base's
+    tokenizer: the evaluation keeps text, not ids)."""
+    from speedrun.pretrained import load_base
+    tok = load_base(base, "base")[0].tokenizer
+    out = ["", "Described, not read (no intervals):", ""]
+    for arm in ARMS:
+        rs = sorted((r for r in runs.values() if r["variant"] == arm), key=lambda r: r["seed"])
+        out.append(f"- {arm}: share cut at the end of training, per seed "
+                   + ", ".join(f"{r['truncated_frac_end']:.2f}" for r in rs))
+    cut = samples["text"].map(lambda t: len(tok.encode(t)) >= cut_at)
+    arm = samples["model"].str.replace(r"^grpo_", "", regex=True).str.replace(r"_s\d+$", "", regex=True)
+    out.append("")
+    for name, g in samples.assign(cut=cut, arm=arm).groupby("arm", sort=False):
+        ended, cuts = g.loc[~g["cut"], "reward"], g.loc[g["cut"], "reward"]
+        fmt = lambda x: f"{x.mean():+.2f} (n {len(x)})" if len(x) else "none"  # noqa: E731
+        out.append(f"- {name}: evaluation answers cut {g['cut'].mean():.2f}; the RM's reward of those that end "
+                   f"{fmt(ended)}, of those cut {fmt(cuts)}")
+    return out
+
+
 @app.command(help=__doc__.splitlines()[0])
 def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json, weights.parquet, metrics/")]) -> None:
     result = kept.read_json(root / "result.json")
     runs = kept.read_json(root / "metrics/grpo.json")
     weights = kept.read_parquet(root / "weights.parquet")
     rm = kept.read_json(root / "metrics/rm.json") if kept.exists(root / "metrics/rm.json") else None
-    print("\n".join([f"{root.name}: {len(runs)} GRPO runs", "", *checks(result, runs, weights, rm), *readings(result),
-                     *outcomes(result, runs)]))
+    lines = [f"{root.name}: {len(runs)} GRPO runs", "", *checks(result, runs, weights, rm), *readings(result),
+             *outcomes(result, runs)]
+    if rm is not None:  # the second pilot's plan names these descriptions; the first's did not
+        lines += described(runs, kept.read_parquet(root / "samples.parquet"), 48, "smollm2-135m")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
