@@ -1,8 +1,9 @@
 """The test suite's wall time on this CPU with the code paths a CPU without AVX512 takes: an approximation of the
-slower machine kind, which no session here has been lent.
+slower machine kind, which no session here has been lent. --run runs another command so (a bench: its ratios).
 
     python bench/suite_without_avx512.py              # the README's test command (`python -m pytest`), in the repo
     python bench/suite_without_avx512.py --native     # the same command as it runs here, for the comparison
+    python bench/suite_without_avx512.py --run "python bench/decode_smollm2.py --dtype fp32"   # a bench, emulated
 
 What changes (in every Python process the suite starts, through a `sitecustomize` on PYTHONPATH and the environment):
 torch reports no AVX512-BF16 and no AMX, so `compute.dtype: auto` trains in fp32 and the bf16 tests are skipped, as
@@ -15,6 +16,7 @@ the tests keep the caller's PYTHONPATH after their own (tests/conftest.py: pytho
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -61,6 +63,8 @@ def summary(out: str) -> str:
 
 @app.command(help=__doc__)
 def main(native: bool = typer.Option(False, help="run the suite as it runs on this CPU, without the emulation"),
+         run_cmd: str = typer.Option("", "--run", help="a command to run instead of the suite (split as a "
+                                     "shell would), its output printed whole"),
          args: list[str] = typer.Argument(None, help="pytest arguments (default: the whole suite, as configured)")
          ) -> None:
     env = dict(os.environ)
@@ -78,13 +82,14 @@ def main(native: bool = typer.Option(False, help="run the suite as it runs on th
             if check != ["AVX2", "False"]:
                 raise SystemExit(f"the emulation did not take: torch reports {check} (want AVX2, bf16 False)")
         t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "pytest", *(args or [])], cwd=ROOT, env=env,
-                             capture_output=True, text=True)
+        cmd = shlex.split(run_cmd) if run_cmd else [sys.executable, "-m", "pytest", *(args or [])]
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-    print(summary(run.stdout + run.stderr) if run.returncode == 0 else run.stdout + run.stderr)
+    print(summary(run.stdout + run.stderr) if run.returncode == 0 and not run_cmd else run.stdout + run.stderr)
     kind = "native" if native else "without AVX512 (emulated: " + ", ".join(f"{k}={v}" for k, v in AVX2.items()) + \
         ", no AVX512-BF16/AMX, so fp32)"
-    print(f"\n{kind}: pytest exit {run.returncode}, {wall:.0f} s wall ({wall / 60:.1f} min)")
+    what = "the command" if run_cmd else "pytest"
+    print(f"\n{kind}: {what} exit {run.returncode}, {wall:.0f} s wall ({wall / 60:.1f} min)")
     if run.returncode:
         raise SystemExit(run.returncode)
 
