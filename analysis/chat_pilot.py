@@ -154,6 +154,23 @@ def described(runs: dict, samples, cut_at: int, base: str) -> list[str]:
     return out
 
 
+def templates(samples) -> list[str]:
+    """Post hoc, the second pilot's (found reading its samples, not in its plan): per model, words per response, the
+    share of responses that are one word (the asked object's name alone, in backticks), and the most common opening
+    (the first two words, the asked object's name written X) with its share."""
+    import re
+    out = ["", "Post hoc (not in the plan): what the answers became, per model", ""]
+    for model, g in samples.groupby("model", sort=False):
+        names = g["prompt"].map(lambda q: (re.findall(r"`([^`]+)`", q) or [""])[0])
+        words = g["text"].str.split()
+        opening = [" ".join(w[:2]).replace(q, "X") if q else " ".join(w[:2]) for w, q in zip(words, names)]
+        top = max(set(opening), key=lambda o: (opening.count(o), o))
+        n = words.str.len()
+        out.append(f"- {model}: {n.mean():.1f} words, one-word answers {(n == 1).mean():.2f}, most common opening "
+                   f"{top!r} {opening.count(top) / len(opening):.2f}")
+    return out
+
+
 @app.command(help=__doc__.splitlines()[0])
 def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json, weights.parquet, metrics/")]) -> None:
     result = kept.read_json(root / "result.json")
@@ -163,7 +180,8 @@ def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json,
     lines = [f"{root.name}: {len(runs)} GRPO runs", "", *checks(result, runs, weights, rm), *readings(result),
              *outcomes(result, runs)]
     if rm is not None:  # the second pilot's plan names these descriptions; the first's did not
-        lines += described(runs, kept.read_parquet(root / "samples.parquet"), 48, "smollm2-135m")
+        samples = kept.read_parquet(root / "samples.parquet")
+        lines += described(runs, samples, 48, "smollm2-135m") + templates(samples)
     print("\n".join(lines))
 
 
