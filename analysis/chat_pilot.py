@@ -17,6 +17,7 @@ import numpy as np
 import typer
 
 from speedrun import kept
+from speedrun.eval import stats
 from speedrun.eval.compare import METRIC_BY_NAME
 from speedrun.eval.controls import MIN_GROUP_TV, manipulation_check, power_table
 from speedrun.typer_app import new_app, run_app
@@ -128,6 +129,14 @@ def outcomes(result: dict, runs: dict) -> list[str]:
         share = "no collapse to take a share of" if p["mde_share"] is None else f"{p['mde_share']:.0%} of it"
         out.append(f"- {name}: collapse {p['collapse']:+.4f}, MDE {p['mde']:.4f} at {p['runs']} seeds ({share}); "
                    f"seeds per arm for 30%: {p['runs_for_30pct']}, for 50%: {p['runs_for_50pct']}")
+    # the plans' words: an MDE of 30% of reading 1 (baseline − shuffled), where reading 1 excludes 0
+    d, r1 = by_pair[("density", "baseline")], by_pair[("baseline", "shuffled")]["delta"]
+    out += ["", "Seeds per arm for an MDE of 30% of reading 1, baseline − shuffled (the plans' words):", ""]
+    for name in power:
+        x, target = d["delta"][name], 0.3 * abs(r1[name]["value"])
+        need = stats.runs_needed(x["between_var"], x["prompt_var"], len(d["runs_a"]), target, max(1, len(power)))
+        out.append(f"- {name}: reading 1 {_ci(r1[name])}, 30% of it {target:.4f}: {need} seeds per arm (None: "
+                   f"over {stats.MAX_RUNS})")
     return out
 
 
