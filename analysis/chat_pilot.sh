@@ -40,6 +40,7 @@ case $PROFILE in
   cpu|gpu) sizes=(-S sft.eval_convs=64 -S grpo.train.steps=$steps -S grpo.train.frozen_blocks=26
                   -S 'grpo.seeds=[1,2,3]' -S eval.max_prompts=16) ;;
   dry) sizes=(-S sft.eval_convs=8 -S sft.max_len=128 -S rm.max_len=128 -S rm.train_last_blocks=1 -S rm.steps=4
+              -S grpo.train.prompts_per_step=4
               -S rm.eval_every=2 -S grpo.train.steps=2 -S grpo.train.frozen_blocks=1 -S 'grpo.seeds=[1]'
               -S eval.max_prompts=4 -S eval.n_boot=50) ;;
   *) echo "PROFILE is cpu, gpu or dry, not '$PROFILE'" >&2; exit 2 ;;
