@@ -1,4 +1,4 @@
-"""Stage grpo@<variant>-<seed>: one GRPO run from the SFT model against the reward model (side by side with the track's
+"""Stage grpo@<arm>-<seed>: one GRPO run from the SFT model against the reward model (side by side with the track's
 other stale runs on CPU: speedrun.runs). The arms (params.yaml grpo.variants, those of grpo.run trained) differ in
 how prompts are drawn (density-aware, uniform, group-balanced) and, for the controls, in what is rewarded (a planted
 tic, shuffled rewards, an entropy bonus, a bonus for distinct answers); runs of an arm only in the training seed
@@ -25,17 +25,17 @@ from speedrun.train.checkpoint import load_model
 READS = ("beta", "compute.nproc", "compute.device", "compute.dtype", "compute.decode", "compute.width_step",
          "compute.run_threads",
          "grpo.train", "grpo.density", "grpo.controls",
-         "grpo.variants.{variant}")
+         "grpo.variants.{arm}")
 PATHS = {"sft_dir": "outs/sft", "rm_dir": "outs/rm", "tokenizer_dir": "outs/base/tokenizer",
-         "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{variant}_s{seed}",
-         "metrics": "reports/metrics/grpo/{variant}_s{seed}.json"}
-IDS = {"variant": str, "seed": int}  # run ids: the DVC foreach/matrix keys
+         "prompts": "data/prompts/prompts.parquet", "out_dir": "outs/grpo/{arm}_s{seed}",
+         "metrics": "reports/metrics/grpo/{arm}_s{seed}.json"}
+IDS = {"arm": str, "seed": int}  # run ids: the DVC foreach/matrix keys
 
 
-def main(p, io, variant: str, seed: int) -> None:
-    arm = p.grpo.variants[variant]
-    sampling = arm.sampling
-    d, cfg, tok = start_run(p, io, p.grpo.train, "grpo.train", "stages.grpo", seed, arm.entropy_bonus)
+def main(p, io, arm: str, seed: int) -> None:
+    v = p.grpo.variants[arm]
+    sampling = v.sampling
+    d, cfg, tok = start_run(p, io, p.grpo.train, "grpo.train", "stages.grpo", seed, v.entropy_bonus)
     dev = d.device
     df, ids = load_prompts(io.prompts, tok, "train", cfg.max_prompt_len)
     df, ids = pool_subset(df, ids, cfg.pool)
@@ -48,36 +48,36 @@ def main(p, io, variant: str, seed: int) -> None:
     weights = sampling_weights(sampling, ref, ids, texts, groups, p.grpo.density, dev, d, where="grpo.density")
     draw = PromptDraws(weights, cfg.prompts_per_step)
     dense = dense_groups(groups, p.grpo.controls.dense_modules)
-    in_scope = torch.tensor([arm.tic_scope == "all" or g in dense for g in groups])
+    in_scope = torch.tensor([v.tic_scope == "all" or g in dense for g in groups])
     shuffler = torch.Generator().manual_seed(stable_seed(seed, "shuffled_reward"))
     tic_rows: list[float] = []
     distinct_rows: list[float] = []  # the step's mean distinctness: the bonus arm's manipulation, every arm's trace
 
     def reward(batch: list[list[int]], s) -> torch.Tensor:  # this process's share of the step's prompts
         r = score_samples(rm, batch, s, tok.bos_id, standardise=True)
-        if arm.reward == "shuffled":  # (across processes: within each process's share)
+        if v.reward == "shuffled":  # (across processes: within each process's share)
             r = shuffle_rewards(r, shuffler)
         eligible = in_scope[draw.step_idx[distributed.rank_share(len(draw.step_idx), d)]][s.prompt_index.cpu()]
         texts = completion_texts(s, tok)
-        r, has = plant_tic(r, texts, p.grpo.controls.tic, arm.tic_bonus, eligible)
+        r, has = plant_tic(r, texts, p.grpo.controls.tic, v.tic_bonus, eligible)
         n_tic = distributed.all_reduce_sum(has.double().sum().to(dev), d)  # over every process's completions
         tic_rows.append(float(n_tic) / (len(draw.step_idx) * cfg.group_size))
         far = distinctness(texts, cfg.group_size)  # a process holds whole groups (its share of the step's prompts)
-        r = r + arm.distinct_bonus * far.to(r.dtype) if arm.distinct_bonus else r
+        r = r + v.distinct_bonus * far.to(r.dtype) if v.distinct_bonus else r
         distinct_rows.append(float(distributed.all_reduce_sum(far.double().sum().to(dev), d))
                              / (len(draw.step_idx) * cfg.group_size))
         return r
 
     ess = effective_sample_size(weights)
     if d.is_main:
-        print(f"grpo {variant} seed {seed} ({sampling}, reward {arm.reward}, tic bonus {arm.tic_bonus} on "
-              f"{arm.tic_scope}, entropy bonus {arm.entropy_bonus}, distinct bonus {arm.distinct_bonus}): "
+        print(f"grpo {arm} seed {seed} ({sampling}, reward {v.reward}, tic bonus {v.tic_bonus} on "
+              f"{v.tic_scope}, entropy bonus {v.entropy_bonus}, distinct bonus {v.distinct_bonus}): "
               f"{len(ids)} train prompts, weight ESS {ess:.0f} "
               f"({ess / len(ids):.1%}), {d.world} process(es) on {dev} in {'bf16' if cfg.bf16 else 'fp32'}")
     result = grpo_train(policy, ref, ids, draw, reward, cfg, dev, tok.assistant_end_id, tok.bos_id,
                         extra_stats=lambda idx: {"weight_ess": ess, "tic_share": tic_rows[-1],
                                                  "distinctness": distinct_rows[-1]},
-                        name=f"grpo_{variant}_s{seed}", stream="grpo", d=d)  # every variant: the same random numbers
+                        name=f"grpo_{arm}_s{seed}", stream="grpo", d=d)  # every arm: the same random numbers
     if not d.is_main:
         distributed.teardown()
         return
@@ -85,7 +85,7 @@ def main(p, io, variant: str, seed: int) -> None:
     shares_w = group_shares(weights, groups)
     draws = draw.counts
     shares_d = group_shares(draws.double() / draws.sum(), groups)
-    m = {"variant": variant, "sampling": sampling, "seed": seed, "steps": len(log), "truncated": cfg.truncated,
+    m = {"arm": arm, "sampling": sampling, "seed": seed, "steps": len(log), "truncated": cfg.truncated,
          **log_means(log, start={"reward_start": ("reward_mean", 4), "tic_share_start": ("tic_share", 4),
                                  "distinctness_start": ("distinctness", 4)},
                      end={"reward_end": ("reward_mean", 4), "kl_end": ("kl", 5),
@@ -97,9 +97,9 @@ def main(p, io, variant: str, seed: int) -> None:
          "drawn_group_share_entropy": round(share_entropy(shares_d), 4),
          "completion_tokens_per_s": round(result.completion_tokens / result.seconds, 1),
          "seconds": round(result.seconds, 1)}
-    finish_run(io, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "variant": variant, "sampling": sampling,
+    finish_run(io, policy, {"tokenizer": tok.digest, "init": str(io.sft_dir), "arm": arm, "sampling": sampling,
                             "seed": seed, "steps": len(log), "beta": p.beta}, log, df, draw, m,
-               f"grpo {variant} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in "
+               f"grpo {arm} seed {seed}: reward {m['reward_start']:+.3f} -> {m['reward_end']:+.3f} in "
                f"{m['steps']} steps, {m['completion_tokens_per_s']:.0f} completion tok/s")
 
 

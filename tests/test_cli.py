@@ -48,8 +48,8 @@ def test_a_stage_help_lists_its_keys_by_section_with_value_and_help(monkeypatch)
 
 def test_a_usage_error_names_the_option_and_exits_2(monkeypatch):
     monkeypatch.chdir(REPO)
-    res = runner.invoke(cli.app, ["pretrain", "--variant", "density"])
-    assert res.exit_code == 2 and "No such option: --variant" in res.output
+    res = runner.invoke(cli.app, ["pretrain", "--arm", "density"])
+    assert res.exit_code == 2 and "No such option: --arm" in res.output
 
 
 def test_a_stage_run_by_hand_keeps_its_tracked_report_out_of_reports(tmp_path, monkeypatch, tiny_corpus):

@@ -155,7 +155,7 @@ def test_grpo_stages_refuse_a_constant_reward_model(tiny_corpus, rm_inputs, tmp_
     save_model(tmp_path / "rm0", rm.state_dict(), rm.config, {"tokenizer": tok.digest, "reward_mean": 0.0,
                                                                "reward_std": 0.0, "max_len": 64})
     run_module("stages.dedup_prompts", "--pairs", str(root / "raw.parquet"), "--out-dir", str(tmp_path / "p"))
-    proc = subprocess.run([sys.executable, "-m", "stages.grpo", "--variant", "density", "--seed", "1", "--sft-dir",
+    proc = subprocess.run([sys.executable, "-m", "stages.grpo", "--arm", "density", "--seed", "1", "--sft-dir",
                            str(root / "sft"), "--rm-dir", str(tmp_path / "rm0"), "--tokenizer-dir",
                            str(tiny_corpus / "tokenizer"), "--prompts", str(tmp_path / "p/prompts.parquet"),
                            "-S", "grpo.train.steps=1", "--out-dir", str(tmp_path / "g"),

@@ -17,7 +17,7 @@ from speedrun.params import Params
 
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # dvc.yaml's templated ids, as the stages name them in READS
-IDS = {"variant": "${item.variant}", "arm": "${item.arm}", "seed": "${item.seed}", "cycle": "${key}"}
+IDS = {"arm": "${item.arm}", "seed": "${item.seed}", "cycle": "${key}"}
 
 
 def module_of(stage: dict) -> str:
@@ -43,7 +43,7 @@ def test_no_knob_on_a_command_line():
     """A cmd is `speedrun <name>` plus the run's ids: every knob reaches the stage through params.yaml."""
     for name, spec in STAGES.items():
         cmd = " ".join(spec.get("do", spec)["cmd"].split())
-        assert re.fullmatch(r"speedrun (\w+)( --(variant|arm|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
+        assert re.fullmatch(r"speedrun (\w+)( --(arm|seed|cycle) \$\{[\w.]+\})*", cmd), (name, cmd)
         assert module_of(spec) == name, (name, cmd)
 
 
@@ -168,12 +168,14 @@ def test_params_read_as_dvc_reads_them(tmp_path):
     assert params.load(REPO / "params.yaml", ["grpo.train.lr=1e-3"]).grpo.train.lr == 0.001
 
 
-@pytest.mark.parametrize("ids, message", [
-    (["--variant", "../../../evil", "--seed", "1"], "--variant '../../../evil': letters, digits, '_' and '-' only"),
-    (["--variant", "nope", "--seed", "1"], "--variant 'nope': not one of grpo.variants (density, baseline"),
+@pytest.mark.parametrize("stage, ids, message", [
+    ("grpo", ["--arm", "../../../evil", "--seed", "1"], "--arm '../../../evil': letters, digits, '_' and '-' only"),
+    ("grpo", ["--arm", "nope", "--seed", "1"], "--arm 'nope': not one of grpo.variants (density, baseline"),
+    ("task_grpo", ["--arm", "baseline", "--seed", "1"], "--arm 'baseline': not one of task.variants (checker, "),
 ])
-def test_a_run_id_cannot_leave_the_workspace_or_name_nothing(ids, message):
-    res = subprocess.run([sys.executable, "-m", "stages.grpo", *ids], cwd=REPO, capture_output=True, text=True)
+def test_a_run_id_cannot_leave_the_workspace_or_name_nothing(stage, ids, message):
+    """One word per role in both tracks (--arm); the section it names is the one the stage reads."""
+    res = subprocess.run([sys.executable, "-m", f"stages.{stage}", *ids], cwd=REPO, capture_output=True, text=True)
     assert res.returncode != 0 and message in res.stderr, res.stderr
 
 
@@ -187,7 +189,7 @@ def test_an_error_names_where_the_value_came_from(tmp_path):
         params.load(tmp_path / "params.yaml", ["grpo.train.steps=5"])
     res = subprocess.run([sys.executable, "-m", "stages.grpo", "--help"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert res.returncode != 0 and "--variant" in res.stdout and "betta: unknown key" in res.stderr, res.stderr
+    assert res.returncode != 0 and "--arm" in res.stdout and "betta: unknown key" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
 
 
@@ -197,7 +199,7 @@ def test_a_typo_in_the_file_stops_a_stage_in_about_a_second(tmp_path):
     assert text != original  # else the stage would run a whole GRPO run
     (tmp_path / "params.yaml").write_text(text)
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "stages.grpo", "--variant", "density", "--seed", "1", "--params",
+    res = subprocess.run([sys.executable, "-m", "stages.grpo", "--arm", "density", "--seed", "1", "--params",
                           str(tmp_path / "params.yaml")], cwd=REPO, capture_output=True, text=True)
     assert res.returncode != 0 and "grpo.train.stepz: unknown key" in res.stderr, res.stderr
     assert time.perf_counter() - t0 < 30  # before loading any model (a generous bound for a loaded CI machine)

@@ -298,7 +298,7 @@ def _killed_stages_leave_nothing_behind(repo: Path) -> None:
     forks = lambda procs: count(procs, "speedrun grpo") >= 3  # noqa: E731  (the runner and its two runs)
     evaluated = lambda procs: any((repo / "scratch/task_eval").glob("*.parquet"))  # noqa: E731  (its first model)
     shell = lambda line: ["bash", "-c", f"{line}; true"]  # noqa: E731  (bash stays the stage's parent)
-    by_hand = "speedrun grpo --variant density --seed 1 --metrics reports/metrics/grpo/density_s1.json"
+    by_hand = "speedrun grpo --arm density --seed 1 --metrics reports/metrics/grpo/density_s1.json"
     dvc_repro = [sys.executable, "-m", "dvc", "repro", "-f", "-s"]
     for cmd, ready, stage in ((dvc_repro + ["grpo@density-1"], forks, "grpo@density-1"),
                               (shell(by_hand), forks, "grpo@density-1"),
@@ -343,7 +343,7 @@ def _two_processes_match_one(repo: Path, elsewhere: Path) -> None:
     """A GRPO run and the chat evaluation under 2 processes against the DAG's."""
     # one GRPO run (the planted-tic control: its bonus and tic count go through the ranks' shares) under 2 processes
     # takes the DAG's steps: same draws, same rewards and tic share up to float rounding (each rank scores half)
-    run_module("stages.grpo", "--variant", "tic_2", "--seed", "1", "-S", "compute.nproc=2", "--out-dir",
+    run_module("stages.grpo", "--arm", "tic_2", "--seed", "1", "-S", "compute.nproc=2", "--out-dir",
                str(elsewhere / "run"), "--metrics", str(elsewhere / "run.json"), cwd=repo)
     one, two = (json.loads(f.read_text())
                 for f in (repo / "reports/metrics/grpo/tic_2_s1.json", elsewhere / "run.json"))

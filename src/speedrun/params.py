@@ -253,7 +253,7 @@ def build(cls: Any, value: Any, where: str, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict) or not value:
             _fail(where, key, f"expected a non-empty mapping, got {cut(repr(value))}")
-        for k in value:  # its names become run ids (--variant <name>) and output paths (outs/grpo/<name>_s1)
+        for k in value:  # its names become run ids (--arm <name>) and output paths (outs/grpo/<name>_s1)
             if not ID.fullmatch(str(k)):
                 _fail(where, f"{key}.{cut(k, 80)}", "a name of letters, digits, '_' and '-' only (it becomes a "
                       "stage id and an output path)")

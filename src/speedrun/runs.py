@@ -35,13 +35,13 @@ from speedrun.common import die_with_parent, files_digest, pick_device, read_jso
 from speedrun.params import Params, StageView
 from speedrun.stage import reads_for, run_stage
 
-TRACKS = {"grpo": ("grpo", "variant"), "task_grpo": ("task", "arm")}  # stage: (params section, run id option)
+TRACKS = {"grpo": "grpo", "task_grpo": "task"}  # stage: its params section; a run is (--arm, --seed)
 SCRATCH = Path("scratch/runs")
 
 
 def run_list(p: Params, stage: str) -> list[tuple[str, int]]:
     """(arm, seed) for every run of the track: arm by arm, so runs side by side are alike in length."""
-    section = params_lib.value_at(p, TRACKS[stage][0])
+    section = params_lib.value_at(p, TRACKS[stage])
     return [(name, seed) for name in section.run for seed in section.seeds]
 
 
@@ -217,14 +217,13 @@ def batch(stage: str, argv: list[str], spec: SimpleNamespace) -> None:
     """`speedrun grpo|task_grpo --<id> NAME --seed S`: this run from scratch if a batch trained it, else trained now,
     beside the track's other certainly stale runs. `spec`: the stage module's names (speedrun.stage.stage_spec), so
     that installing a result imports neither the stage nor torch (a second, not three); training imports it."""
-    id_name = TRACKS[stage][1]
     train = lambda *a, **k: importlib.import_module(f"stages.{stage}").main(*a, **k)  # noqa: E731
 
     def main(view, io, **ids) -> None:
         sets, params_path = _passthrough(argv)
         p = params_lib.load(params_path, sets[1::2])
-        own = f"{ids[id_name]}_s{ids['seed']}"
-        runs = {own: (ids, io)} | {f"{n}_s{s}": ({id_name: n, "seed": s}, default_io(spec, {id_name: n, "seed": s}))
+        own = f"{ids['arm']}_s{ids['seed']}"
+        runs = {own: (ids, io)} | {f"{n}_s{s}": ({"arm": n, "seed": s}, default_io(spec, {"arm": n, "seed": s}))
                                    for n, s in run_list(p, stage)}
         root, mine = SCRATCH / stage, vars(io) == vars(default_io(spec, ids))
         keys = {run: run_key(spec, p, i, o) for run, (i, o) in runs.items()} if mine else {}
@@ -246,7 +245,7 @@ def batch(stage: str, argv: list[str], spec: SimpleNamespace) -> None:
             i, entry = runs[run][0], root / keys[run]
             shutil.rmtree(entry, ignore_errors=True)  # a run killed half way starts over
             entry.mkdir(parents=True)
-            cmd = [sys.executable, "-m", f"stages.{stage}", f"--{id_name}", i[id_name], "--seed", str(i["seed"]),
+            cmd = [sys.executable, "-m", f"stages.{stage}", "--arm", i["arm"], "--seed", str(i["seed"]),
                    *sets, *(["--params", str(params_path)] if params_path else []),
                    "--out-dir", str(entry / "out"), "--metrics", str(entry / "metrics.json")]
             jobs.append((run, cmd, entry))

@@ -1,6 +1,6 @@
-"""The command line of a stage: `speedrun <stage> [--variant V --seed S | --cycle C] [-S key=value ...]` (Typer).
+"""The command line of a stage: `speedrun <stage> [--arm A --seed S | --cycle C] [-S key=value ...]` (Typer).
 
-A stage declares READS (the params.yaml keys it reads: its dvc.yaml `params:`, `{variant}`-style placeholders filled
+A stage declares READS (the params.yaml keys it reads: its dvc.yaml `params:`, `{arm}`-style placeholders filled
 from its ids) and PATHS (its files, defaulting to the DVC layout). Run by hand with no options it does what
 `dvc repro` does; `-S` overrides a key as `dvc exp run -S` does; `--help` lists every key it reads, by section, with
 its help and value. Every key is checked before any work (speedrun.params)."""
@@ -23,18 +23,16 @@ from speedrun.common import die_with_parent, keep_freed_memory
 from speedrun.params import Params
 from speedrun.typer_app import new_app, run_app
 
-# a run id names an entry of one of these sections
-ID_SECTIONS = {"variant": "grpo.variants", "arm": "task.variants", "cycle": "adversarial.cycles"}
-
-
-def check_ids(run_ids: dict[str, Any], p: Params) -> None:
-    """A run id becomes part of output paths: letters, digits, '_' and '-' only, and an entry of its section."""
+def check_ids(run_ids: dict[str, Any], p: Params, reads: tuple[str, ...] = ()) -> None:
+    """A run id becomes part of output paths: letters, digits, '_' and '-' only; and an entry of the section the stage
+    reads it from (`grpo.variants.{arm}` in READS: --arm names an entry of grpo.variants)."""
     for name, value in run_ids.items():
         if isinstance(value, str) and not params_lib.ID.fullmatch(value):
             sys.exit(f"error: --{name} {params_lib.cut(value)!r}: letters, digits, '_' and '-' only (it becomes an "
                      f"output path)")
-        if name in ID_SECTIONS and str(value) not in (known := params_lib.value_at(p, ID_SECTIONS[name])):
-            sys.exit(f"error: --{name} {params_lib.cut(value)!r}: not one of {ID_SECTIONS[name]} ({', '.join(known)})")
+        for section in (r.removesuffix(f".{{{name}}}") for r in reads if r.endswith(f".{{{name}}}")):
+            if str(value) not in (known := params_lib.value_at(p, section)):
+                sys.exit(f"error: --{name} {params_lib.cut(value)!r}: not one of {section} ({', '.join(known)})")
 
 
 def stage_spec(path: Path) -> SimpleNamespace:
@@ -118,7 +116,7 @@ def stage_command(main: Callable[..., None], reads: tuple[str, ...], paths: dict
             p = params_lib.load(args.pop("params"), args.pop("set"))
         except params_lib.ParamsError as e:
             sys.exit(f"error: {e}")
-        check_ids(run_ids, p)
+        check_ids(run_ids, p, reads)
         by_hand(args, paths, ctx)
         keep_freed_memory()  # large CPU tensors reuse freed memory instead of faulting in fresh pages
         as_path = lambda v: Path(str(v).format(**run_ids)) if v is not None else None  # noqa: E731
@@ -146,5 +144,5 @@ def run_stage(main: Callable[..., None], doc: str | None, reads: tuple[str, ...]
             p = params_lib.load(None)
         except (params_lib.ParamsError, FileNotFoundError) as e:
             sys.exit(f"\nerror: {params_lib.cut(str(e), 600)} (fix it to see the params.yaml keys this stage reads)")
-        shown = [r.split(".{")[0] for r in reads]  # grpo.variants.{variant} -> grpo.variants
+        shown = [r.split(".{")[0] for r in reads]  # grpo.variants.{arm} -> grpo.variants
         print("\nparams.yaml keys read (committed value, help):\n" + describe(shown, p))
