@@ -1,10 +1,12 @@
-"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot and chat-smollm2-pilot-2, their plans'
+"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot, -2 and -3, their plans'
 checks and readings in code, written before any output of the evaluation was read): the checks first (the RM's
 held-out accuracy by kind where the pilot kept it, the manipulation of density and the oracle against baseline, the
 dose, the positive control's own manipulation, the temperature control), then each comparison as the range over the
 instruments that pass, at the same temperature and at an equal reward, reward and the quality checks, each arm's KL,
 and the power of density − baseline for the full design. No calls (a pilot). The second pilot's plan adds to the
-dose the RM reward's gain beyond shuffled's (2b) and reads the RM (0); the first pilot's plan had neither.
+dose the RM reward's gain beyond shuffled's (2b) and reads the RM (0); the first pilot's plan had neither. The third
+adds a bar on the RM's held-out echo pairs to (0) and check (5), no template in the RM arms' answers (printed last,
+with the per-model figures it reads).
 
     python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot-2
 """
@@ -26,7 +28,13 @@ ARMS = ("baseline", "density", "shuffled", "balanced", "distinct")
 PAIRS = (("baseline", "shuffled"), ("distinct", "baseline"), ("density", "baseline"), ("balanced", "baseline"))
 DOSE_KL = 0.3
 DOSE_GAIN = 0.5  # the second pilot's bar: baseline's RM reward gain (end - start) beyond shuffled's, every seed
+ECHO_ACC = 0.9  # the third pilot's bars: the RM on held-out echo pairs, and no template in any RM-arm run (5)
+MAX_ONE_WORD, MAX_OPENING = 0.2, 0.5
 app = new_app()
+
+
+def arm_of(run: dict) -> str:
+    return run.get("arm", run.get("variant"))  # the pilots kept before the stage's --variant became --arm say variant
 
 
 def _ci(d: dict, fmt: str = "{:+.4f}") -> str:
@@ -50,8 +58,12 @@ def rm_check(rm: dict | None) -> list[str]:
                       f"{v['baseline_acc']:.3f}, {v['pairs']} pairs)" for k, v in kinds.items())
     hard = kinds.get("hard")
     ok = hard is not None and hard["acc"] > max(0.5, hard["sft_logprob_acc"])
-    return [f"- (0) the RM's held-out accuracy by kind: {cells}: {'passes' if ok else 'FAILS'} (hard above 0.5 and "
-            "above the base's likelihood)"]
+    out = [f"- (0) the RM's held-out accuracy by kind: {cells}: {'passes' if ok else 'FAILS'} (hard above 0.5 and "
+           "above the base's likelihood)"]
+    if "echo" in kinds:  # the third pilot's bar: the hack it prices in, shown as a rejected answer, is priced
+        ok = kinds["echo"]["acc"] >= ECHO_ACC
+        out.append(f"- (0) echo pairs {kinds['echo']['acc']:.3f}: {'passes' if ok else 'FAILS'} (bar {ECHO_ACC})")
+    return out
 
 
 def checks(result: dict, runs: dict, weights, rm: dict | None = None) -> list[str]:
@@ -63,7 +75,7 @@ def checks(result: dict, runs: dict, weights, rm: dict | None = None) -> list[st
         m = manipulation_check(frames, arm, "baseline")
         out.append(f"- (1) {arm} against baseline: TV over modules {m['group_tv']:.3f} (bar {MIN_GROUP_TV}), over "
                    f"prompts {m['prompt_tv']:.3f}: {'passes' if m['group_tv'] >= MIN_GROUP_TV else 'FAILS'}")
-    seeds = sorted(r["seed"] for r in runs.values() if r["variant"] == "baseline")
+    seeds = sorted(r["seed"] for r in runs.values() if arm_of(r) == "baseline")
     kl = [runs[f"baseline_s{s}"]["kl_end"] for s in seeds]
     above = [runs[f"baseline_s{s}"]["reward_end"] > runs[f"shuffled_s{s}"]["reward_end"] for s in seeds]
     out.append(f"- (2) the dose: baseline's KL at the end {', '.join(f'{k:.3f}' for k in kl)} (bar {DOSE_KL} in every "
@@ -119,7 +131,7 @@ def outcomes(result: dict, runs: dict) -> list[str]:
         out.append(f"- {a} − {b}: " + ", ".join(cells))
     out += ["", "KL at the end and the RM's reward (start -> end), per run:", ""]
     for arm in ARMS:
-        rs = sorted((r for r in runs.values() if r["variant"] == arm), key=lambda r: r["seed"])
+        rs = sorted((r for r in runs.values() if arm_of(r) == arm), key=lambda r: r["seed"])
         out.append(f"- {arm}: KL " + ", ".join(f"{r['kl_end']:.3f}" for r in rs) + "; reward "
                    + ", ".join(f"{r['reward_start']:+.2f} -> {r['reward_end']:+.2f}" for r in rs)
                    + f"; mean KL {np.mean([r['kl_end'] for r in rs]):.3f}")
@@ -149,7 +161,7 @@ def described(runs: dict, samples, cut_at: int, base: str) -> list[str]:
     tok = load_base(base, "base")[0].tokenizer
     out = ["", "Described, not read (no intervals):", ""]
     for arm in ARMS:
-        rs = sorted((r for r in runs.values() if r["variant"] == arm), key=lambda r: r["seed"])
+        rs = sorted((r for r in runs.values() if arm_of(r) == arm), key=lambda r: r["seed"])
         out.append(f"- {arm}: share cut at the end of training, per seed "
                    + ", ".join(f"{r['truncated_frac_end']:.2f}" for r in rs))
     cut = samples["text"].map(lambda t: len(tok.encode(t)) >= cut_at)
@@ -163,20 +175,30 @@ def described(runs: dict, samples, cut_at: int, base: str) -> list[str]:
     return out
 
 
-def templates(samples) -> list[str]:
-    """Post hoc, the second pilot's (found reading its samples, not in its plan): per model, words per response, the
-    share of responses that are one word (the asked object's name alone, in backticks), and the most common opening
-    (the first two words, the asked object's name written X) with its share."""
+def templates(samples, planned: bool) -> list[str]:
+    """Per model, words per response, the share of responses that are one word (the asked object's name alone, in
+    backticks), and the most common opening (the first two words, the asked object's name written X) with its share:
+    post hoc in the second pilot (found reading its samples), planned in the third, whose check (5) bars them in
+    every run of the RM arms."""
     import re
-    out = ["", "Post hoc (not in the plan): what the answers became, per model", ""]
+    out = ["", ("Described (planned), and check (5)" if planned else "Post hoc (not in the plan)")
+           + ": what the answers became, per model", ""]
+    fails = []
     for model, g in samples.groupby("model", sort=False):
         names = g["prompt"].map(lambda q: (re.findall(r"`([^`]+)`", q) or [""])[0])
         words = g["text"].str.split()
         opening = [" ".join(w[:2]).replace(q, "X") if q else " ".join(w[:2]) for w, q in zip(words, names)]
         top = max(set(opening), key=lambda o: (opening.count(o), o))
         n = words.str.len()
-        out.append(f"- {model}: {n.mean():.1f} words, one-word answers {(n == 1).mean():.2f}, most common opening "
-                   f"{top!r} {opening.count(top) / len(opening):.2f}")
+        one, share = (n == 1).mean(), opening.count(top) / len(opening)
+        out.append(f"- {model}: {n.mean():.1f} words, one-word answers {one:.2f}, most common opening "
+                   f"{top!r} {share:.2f}")
+        if model.startswith("grpo_") and not model.startswith("grpo_shuffled_") and (one > MAX_ONE_WORD or
+                                                                                   share > MAX_OPENING):
+            fails.append(model)
+    if planned:
+        out += ["", f"- (5) no template (one-word answers at most {MAX_ONE_WORD}, the top opening at most "
+                    f"{MAX_OPENING}, in every RM-arm run): " + (f"FAILS in {', '.join(fails)}" if fails else "passes")]
     return out
 
 
@@ -190,7 +212,8 @@ def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json,
              *outcomes(result, runs)]
     if rm is not None:  # the second pilot's plan names these descriptions; the first's did not
         samples = kept.read_parquet(root / "samples.parquet")
-        lines += described(runs, samples, 48, "smollm2-135m") + templates(samples)
+        planned = "echo" in rm["by_kind"]  # the third pilot's RM, which its plan's check (5) goes with
+        lines += described(runs, samples, 48, "smollm2-135m") + templates(samples, planned)
     print("\n".join(lines))
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot and chat-smollm2-pilot-2): one `dvc exp run` of
-# the chat track from a pretrained base with five arms, then the experiment kept. Run from the repository root.
-#   bash analysis/chat_pilot.sh                        # the second pilot as planned: SmolLM2-135M-Instruct, 2 cores
-#   PILOT=1 bash analysis/chat_pilot.sh                # the first pilot's design
+# The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot and -2; -3 designed): one `dvc exp run` of the chat track
+# from a pretrained base with five arms, then the experiment kept. Run from the repository root.
+#   bash analysis/chat_pilot.sh                        # the second pilot as run: SmolLM2-135M-Instruct, 2 cores
+#   PILOT=1 bash analysis/chat_pilot.sh                # the first pilot's design (PILOT=3 the third, not yet run)
 #   PROFILE=dry BASE=hf:<folder> bash analysis/chat_pilot.sh   # the same design, a few steps (tests/test_pipeline.py)
 #   PROFILE=gpu bash analysis/chat_pilot.sh            # on a lent GPU (compute.device auto picks it), below
 # A GPU machine has no internet and no DVC: pip download dvc and its dependencies into gpu_wheels/ here (git-ignored),
@@ -19,22 +19,25 @@ COMPARE="['baseline:shuffled','density:baseline','balanced:baseline','distinct:b
 # The design (every profile): the base as shipped (no SFT), pairs from the first 900 stdlib objects (30 modules),
 # a fifth of the modules held out. Pilot 1: the RM and GRPO recipe of the dose calibration (docs/LOG.md, 2026-12-02).
 # Pilot 2 (its README): the RM also on the embedded hard and random pairs (both sides references that end: it must
-# read content), answers of 48 tokens, and GRPO steps of 8 x 4 for 40 steps.
-design=(-S "base=$BASE" -S sft.steps=0 -S pairs.limit_per_source=900 -S prompts.eval_frac=0.2
+# read content), answers of 48 tokens, and GRPO steps of 8 x 4 for 40 steps. Pilot 3: pilot 2 with one more pair per
+# object whose rejected side is the asked name alone (kind echo; 1800 pairs = the same 900 objects), trained on.
+design=(-S "base=$BASE" -S sft.steps=0 -S prompts.eval_frac=0.2
         -S grpo.train.lr=0.0003 -S "grpo.run=[$ARMS]" -S "eval.comparisons=$COMPARE" -S eval.gold.samples=4)
 case $PILOT in
   1) E=${E:-chat-smollm2-pilot}
-     design+=(-S onpolicy.max_new_tokens=32 -S rm.steps=20 -S rm.eval_every=10
+     design+=(-S pairs.limit_per_source=900 -S onpolicy.max_new_tokens=32 -S rm.steps=20 -S rm.eval_every=10
               -S grpo.train.prompts_per_step=4 -S grpo.train.group_size=4
               -S grpo.train.warmup_steps=1 -S grpo.train.max_new_tokens=32 -S eval.max_new_tokens=32)
      steps=20 ;;
-  2) E=${E:-chat-smollm2-pilot-2}
+  2|3) E=${E:-chat-smollm2-pilot-$PILOT}
      design+=(-S onpolicy.max_new_tokens=48 -S rm.steps=100 -S rm.eval_every=25
-              -S 'rm.train_kinds=[hard,random,sft_sample]'
               -S grpo.train.prompts_per_step=8 -S grpo.train.group_size=4 -S grpo.train.warmup_steps=2
               -S grpo.train.max_new_tokens=48 -S eval.max_new_tokens=48)
+     if [[ $PILOT == 2 ]]; then design+=(-S pairs.limit_per_source=900 -S 'rm.train_kinds=[hard,random,sft_sample]')
+     else design+=(-S pairs.embedded_echo=true -S pairs.limit_per_source=1800
+                   -S 'rm.train_kinds=[hard,random,echo,sft_sample]'); fi
      steps=40 ;;
-  *) echo "PILOT is 1 or 2, not '$PILOT'" >&2; exit 2 ;;
+  *) echo "PILOT is 1, 2 or 3, not '$PILOT'" >&2; exit 2 ;;
 esac
 case $PROFILE in
   cpu|gpu) sizes=(-S sft.eval_convs=64 -S grpo.train.steps=$steps -S grpo.train.frozen_blocks=26

@@ -211,3 +211,18 @@ def test_embedded_pairs_several_negatives(objects, tmp_path):
         assert {q["chosen"] for q in group} == {p["chosen"]}
         assert len({q["rejected"] for q in group}) == len(group)  # distinct negatives
     assert sum(len(g) < 3 for g in by_prompt.values()) == s["fewer_negatives"] < 0.1 * len(by_prompt)
+
+
+def test_embedded_echo_pairs_add_the_asked_name_as_a_rejected_side(objects, tmp_path):
+    """echo: each object's pairs as without it, plus one whose rejected side is its name alone in backticks."""
+    pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1)}, tmp_path / "plain.parquet")
+    plain = pq.read_table(tmp_path / "plain.parquet").to_pylist()
+    stats = pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1, echo=True)}, tmp_path / "echo.parquet")
+    got = pq.read_table(tmp_path / "echo.parquet").to_pylist()
+    echo = [p for p in got if p["negative"] == "echo"]
+    assert [p for p in got if p["negative"] != "echo"] == plain
+    assert len(echo) == len(plain) and stats["sources"]["embedded"]["negatives"]["echo"] == len(plain)
+    for p, q in zip(plain, echo):  # the same prompt, chosen answer, split and group as the object's other pair
+        assert {k: q[k] for k in ("prompt", "chosen", "split", "group")} == {k: p[k] for k in ("prompt", "chosen",
+                                                                                             "split", "group")}
+        assert q["rejected"] == f"`{p['prompt'][0]['content'].split('`')[1]}`"  # the name the question asks about

@@ -144,6 +144,8 @@ class PairsConfig:
                                           "first", ge=1)
     embedded_hard_frac: float = knob("share of embedded pairs whose negative comes from the same module", ge=0, le=1)
     embedded_negatives: int = knob("embedded pairs per object: its answer against this many other answers", ge=1)
+    embedded_echo: bool = knob("embedded: one more pair per object, its answer against the asked name alone in "
+                               "backticks (negative kind echo: an answer that restates the question)")
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ class OnpolicyConfig:
 
 
 # the pair kinds a reward model can train on (data/pairs*.py, reward/onpolicy.py, data/task.py), and "all"
-PairKind = Literal["sft_sample", "hard", "random", "hh", "uf", "se", "task", "all"]
+PairKind = Literal["sft_sample", "hard", "random", "echo", "hh", "uf", "se", "task", "all"]
 # the diversity metrics a primary can name (speedrun.eval.compare.METRICS; tests/test_params.py keeps them in step)
 DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ead_2", "ead_3", "word_gini",
                           "self_bleu", "ead_1_first", "distinct_2_first", "self_bleu_first", "within_distinct_1",
@@ -182,7 +184,7 @@ DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ea
 @dataclass(frozen=True, kw_only=True)
 class RMConfig(TrainConfig):
     """The preference reward model (speedrun.reward.train_rm)."""
-    train_kinds: list[PairKind] = knob("pair kinds trained on (sft_sample, hard, random, hh, uf, se; task for "
+    train_kinds: list[PairKind] = knob("pair kinds trained on (sft_sample, hard, random, echo, hh, uf, se; task for "
                                        "task.rm), "
                                   "or [all]; every kind of the validation split is scored")
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "

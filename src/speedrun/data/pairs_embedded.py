@@ -2,7 +2,9 @@
 templates the SFT model was trained on), chosen = its own docstring summary, rejected = the
 summary of another object (`negatives` distinct ones per object, one pair each). A negative is a
 hard one (same module, failing that the same group: top-level module or pydoc topics) or a random
-one, picked by stable hashes; the `negative` column says which."""
+one, picked by stable hashes; the `negative` column says which. With `echo`, each object adds a pair
+whose rejected side is the asked name alone in backticks (negative `echo`): an answer that only
+restates the question, the reward hack the second SmolLM2 chat pilot found."""
 from __future__ import annotations
 
 import random
@@ -29,7 +31,7 @@ def _pick_any(answers: list[str], taken: set[str], rng: random.Random, tries: in
 
 
 def source(objects: list[DocObject], hard_frac: float = 0.5, val_frac: float = 0.1, eval_frac: float = 0.1,
-           negatives: int = 1) -> Source:
+           negatives: int = 1, echo: bool = False) -> Source:
     """Rows are the objects (the corpus stage's table), each giving `negatives` pairs (one prompt, the same
     chosen answer, distinct rejected ones); `split` is heldout_split of the object's module (train/val/eval)."""
     usable, _ = answerable(objects)
@@ -70,6 +72,9 @@ def source(objects: list[DocObject], hard_frac: float = 0.5, val_frac: float = 0
         if not out:
             raise Skip("no_negative")
         extra["fewer_negatives"] += len(out) < negatives
+        if echo:  # after the other negatives: with echo off, every pair is as before
+            out.append(make_pair("embedded", split, prompt, answer_of[obj], f"`{obj.qualname}`",
+                                 group=group_of(obj), negative="echo"))
         return out
 
     return Source(((heldout_split(o.top, val_frac, eval_frac), o) for o in objects), parse, extra)
