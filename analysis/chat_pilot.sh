@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot and -2; -3 designed): one `dvc exp run` of the chat track
-# from a pretrained base with five arms, then the experiment kept. Run from the repository root.
+# The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot and -2; a third designed, not yet run): one
+# `dvc exp run` of the chat track from a pretrained base with five arms, then the experiment kept. Run from the
+# repository root.
 #   bash analysis/chat_pilot.sh                        # the second pilot as run: SmolLM2-135M-Instruct, 2 cores
 #   PILOT=1 bash analysis/chat_pilot.sh                # the first pilot's design (PILOT=3 the third, not yet run)
 #   PROFILE=dry BASE=hf:<folder> bash analysis/chat_pilot.sh   # the same design, a few steps (tests/test_pipeline.py)
