@@ -1,14 +1,14 @@
-"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot and -2, their plans'
+"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot, -2 and -3, their plans'
 checks and readings in code, written before any output of the evaluation was read): the checks first (the RM's
 held-out accuracy by kind where the pilot kept it, the manipulation of density and the oracle against baseline, the
 dose, the positive control's own manipulation, the temperature control), then each comparison as the range over the
 instruments that pass, at the same temperature and at an equal reward, reward and the quality checks, each arm's KL,
 and the power of density − baseline for the full design. No calls (a pilot). The second pilot's plan adds to the
 dose the RM reward's gain beyond shuffled's (2b) and reads the RM (0); the first pilot's plan had neither. The third
-(designed, not yet run) adds a bar on the RM's held-out echo pairs to (0) and check (5), no template in the RM arms'
+adds a bar on the RM's held-out echo pairs to (0) and check (5), no template in the RM arms'
 answers (printed last, with the per-model figures it reads).
 
-    python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot-2
+    python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot-3
 """
 from __future__ import annotations
 

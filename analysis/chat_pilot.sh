@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot and -2; a third designed, not yet run): one
+# The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot, -2 and -3): one
 # `dvc exp run` of the chat track from a pretrained base with five arms, then the experiment kept. Run from the
 # repository root.
 #   bash analysis/chat_pilot.sh                        # the second pilot as run: SmolLM2-135M-Instruct, 2 cores
-#   PILOT=1 bash analysis/chat_pilot.sh                # the first pilot's design (PILOT=3 the third, not yet run)
+#   PILOT=1 bash analysis/chat_pilot.sh                # the first pilot's design (PILOT=3 the third's, 64 min)
 #   PROFILE=dry BASE=hf:<folder> bash analysis/chat_pilot.sh   # the same design, a few steps (tests/test_pipeline.py)
 #   PROFILE=gpu bash analysis/chat_pilot.sh            # on a lent GPU (compute.device auto picks it), below
 # A GPU machine has no internet and no DVC: pip download dvc and its dependencies into gpu_wheels/ here (git-ignored),
