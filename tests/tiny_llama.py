@@ -46,23 +46,25 @@ FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
             "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24})}  # head norms; heads 24 wide, not 64 / 4
 
 
-def write_hf(folder: Path, tied: bool, seed: int = 0, family: str = "llama") -> tuple[Path, object]:
-    """A tiny random Llama, Qwen2 or Qwen3 (grouped-query attention, its own byte-level BPE) saved as transformers
-    saves one."""
+def write_hf(folder: Path, tied: bool, seed: int = 0, family: str = "llama", vocab: int = 420, width: int = 64,
+             ffn: int = 96, depth: int = 2, heads: int = 4, kv_heads: int = 2,
+             context: int = 128) -> tuple[Path, object]:
+    """A tiny random Llama, Qwen2 or Qwen3 (grouped-query attention, its own byte-level BPE of `vocab` words) saved as
+    transformers saves one; the sizes default to the tests' model (bench/decode_smollm2.py's --base tiny is larger)."""
     tk = tokenizers.Tokenizer(tokenizers.models.BPE())
     tk.pre_tokenizer = reference_pre_tokenizer()
     tk.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS, show_progress=False,
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, show_progress=False,
                                              initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
     tk.train_from_iterator(corpus_texts()[::2], trainer)
     folder.mkdir(parents=True, exist_ok=True)
     tk.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>", "chat_template": CHATML}))
     config_cls, model_cls, extra = FAMILIES[family]
-    cfg = getattr(transformers, config_cls)(vocab_size=tk.get_vocab_size(), hidden_size=64, intermediate_size=96,
-                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                            rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tied,
-                                            max_position_embeddings=128, **extra)
+    cfg = getattr(transformers, config_cls)(vocab_size=tk.get_vocab_size(), hidden_size=width, intermediate_size=ffn,
+                                            num_hidden_layers=depth, num_attention_heads=heads,
+                                            num_key_value_heads=kv_heads, rope_theta=500.0, rms_norm_eps=1e-5,
+                                            tie_word_embeddings=tied, max_position_embeddings=context, **extra)
     torch.manual_seed(seed)
     ref = getattr(transformers, model_cls)(cfg).eval()
     with torch.no_grad():  # norms away from 1 and biases away from 0, so a misplaced one shows

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, one_query_attention, rotary, trunk_blocks
+from speedrun.packed import fused
 from speedrun.shapes import record
 
 
@@ -60,6 +61,8 @@ def compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
 
 
 class Attention(nn.Module):
+    FUSE = {"packed_qkv": ("q", "k", "v")}  # one product when packed (speedrun.packed)
+
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
         c = config
@@ -75,9 +78,10 @@ class Attention(nn.Module):
         """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied (after Qwen3's head norms); cos, sin:
         hf_rotary's tables."""
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_head, self.head_dim)
-        k = self.k(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k, v = fused(self, "packed_qkv", x) or (self.q(x), self.k(x), self.v(x))
+        q = q.view(B, T, self.n_head, self.head_dim)
+        k = k.view(B, T, self.n_kv_head, self.head_dim)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         qk = apply_rotary(torch.cat([q, k], 2).transpose(1, 2), cos, sin)  # one turn for both: half the small ops
@@ -105,6 +109,8 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
+    FUSE = {"packed_gate_up": ("gate", "up")}
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
@@ -112,7 +118,8 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = fused(self, "packed_gate_up", x) or (self.gate(x), self.up(x))
+        return self.down(F.silu(gate) * up)
 
 
 class RMSNorm(nn.Module):

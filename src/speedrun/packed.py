@@ -7,6 +7,10 @@ F.linear under autocast (tests/test_packed.py): the same cast, the same kernel, 
 
     with packed_linears(model, torch.bfloat16, rows=64):  # every nn.Linear of model, inference only
         ...
+
+Linears that read the same input (a Llama's query, key and value; its gate and up) are also packed as one product,
+which a module declares in FUSE and reads through fused(): fewer, wider products (bit for bit the separate ones'
+outputs: tests/test_packed.py).
 """
 from __future__ import annotations
 
@@ -37,6 +41,22 @@ def _forward(weight: Tensor, bias: Tensor | None, dtype: torch.dtype, x: Tensor)
     return torch.ops.mkldnn._linear_pointwise(x.to(dtype), weight, bias, "none", [], "")
 
 
+def fused(module: nn.Module, name: str, x: Tensor) -> tuple[Tensor, ...] | None:
+    """The outputs of module's Linears named in module.FUSE[name] for input x, from one packed product inside
+    packed_linears; None outside it (the module then calls its Linears one by one)."""
+    product = module.__dict__.get(name)
+    return None if product is None else product(x).split(product.sizes, -1)
+
+
+def _pack(linears: list[nn.Linear], dtype: torch.dtype, rows: int):
+    """One packed product of linears' weights stacked (their outputs side by side), its output sizes attached."""
+    w = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight for m in linears]).to(dtype), rows)
+    b = None if linears[0].bias is None else torch.cat([m.bias for m in linears]).to(dtype)
+    product = functools.partial(_forward, w, b, dtype)
+    product.sizes = [m.out_features for m in linears]
+    return product
+
+
 @contextlib.contextmanager
 def packed_linears(model: nn.Module, dtype: torch.dtype | None, rows: int) -> Iterator[None]:
     """Within: every nn.Linear of model computes in dtype from a weight packed once (rows: the row count to pack
@@ -47,12 +67,14 @@ def packed_linears(model: nn.Module, dtype: torch.dtype | None, rows: int) -> It
         with torch.no_grad():
             for m in model.modules():
                 if isinstance(m, nn.Linear) and "forward" not in m.__dict__:
-                    w = torch.ops.mkldnn._reorder_linear_weight(m.weight.to(dtype), rows)
-                    b = None if m.bias is None else m.bias.to(dtype)
-                    m.forward = functools.partial(_forward, w, b, dtype)  # shadows the class's forward
-                    swapped.append(m)
+                    m.forward = _pack([m], dtype, rows)  # shadows the class's forward
+                    swapped.append((m, "forward"))
+                for name, parts in getattr(m, "FUSE", {}).items():
+                    if name not in m.__dict__:
+                        setattr(m, name, _pack([getattr(m, part) for part in parts], dtype, rows))
+                        swapped.append((m, name))
     try:
         yield
     finally:
-        for m in swapped:
-            del m.forward
+        for m, name in swapped:
+            delattr(m, name)
