@@ -20,7 +20,8 @@ def main(p, io) -> None:
         "se": lambda: pairs_se.source(c.se_path, c.se_max_pairs_per_question, c.se_data_dir or None),
         "embedded": lambda: pairs_embedded.source(load_objects(io.objects), c.embedded_hard_frac,
                                                   p.corpus.val_frac, p.prompts.eval_frac,
-                                                  negatives=c.embedded_negatives, echo=c.embedded_echo),
+                                                  negatives=c.embedded_negatives, echo=c.embedded_echo,
+                                                  probes=c.embedded_probes),
     }
     chosen = [s for s in pairs.SOURCES if s in wanted]  # fixed order: hh, uf, se, embedded
     stats = pairs.build({s: make[s]() for s in chosen}, io.out_dir / "pairs.parquet", c.limit_per_source)

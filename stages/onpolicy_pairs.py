@@ -35,14 +35,16 @@ def main(p, io) -> None:
         model, _ = load_model(io.sft_dir, dev, tok.digest)
         prompt_len = context_length(c.max_prompt_len, io.sft_dir, c.max_new_tokens, "onpolicy.max_prompt_len")
         rows, stats = onpolicy.sample_rejected(model, tok, refs, c.samples_per_prompt, c.max_new_tokens,
-                                               c.temperature, c.top_p, p.seed, c.batch_prompts, prompt_len, dev, d)
+                                               c.temperature, c.top_p, p.seed, c.batch_prompts, prompt_len, dev, d,
+                                               c.keep_truncated)
         distributed.teardown()
         if not d.is_main:
             return
     write_table(io.out_dir / "pairs.parquet", onpolicy.pairs_table(rows, table.schema))
     write_json(io.out_dir / "stats.json", stats)
     print(f"onpolicy: {stats['pairs']} pairs from {stats['prompts']} prompts x {c.samples_per_prompt} samples "
-          f"({stats.get('truncated_frac', 0):.1%} hit max_new_tokens)")
+          f"({stats.get('truncated_frac', 0):.1%} kept that hit max_new_tokens, "
+          f"{stats.get('skipped', {}).get('truncated', 0)} skipped for it)")
 
 
 if __name__ == "__main__":

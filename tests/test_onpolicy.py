@@ -77,6 +77,11 @@ def test_a_prompts_samples_depend_on_its_id_only(tiny_corpus, rm_inputs):  # noq
     other_seed = {r["id"]: list(r["rejected_ids"]) for r in onpolicy.sample_rejected(
         model, tok, refs[::3], 2, 6, 1.0, 1.0, 8, 1, 64)[0]}
     assert other_seed != some
+    # keep_truncated=False: the same draws, less every sample cut at the budget, each counted
+    rows, stats = onpolicy.sample_rejected(model, tok, refs[::3], 2, 6, 1.0, 1.0, 7, 1, 64, keep_truncated=False)
+    ended = {k: v for k, v in some.items() if v[-1] == tok.assistant_end_id}
+    assert {r["id"]: list(r["rejected_ids"]) for r in rows} == ended and not any(r["truncated"] for r in rows)
+    assert stats["skipped"]["truncated"] == len(some) - len(ended) > 0
 
 
 @pytest.mark.slow

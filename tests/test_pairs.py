@@ -226,3 +226,29 @@ def test_embedded_echo_pairs_add_the_asked_name_as_a_rejected_side(objects, tmp_
         assert {k: q[k] for k in ("prompt", "chosen", "split", "group")} == {k: p[k] for k in ("prompt", "chosen",
                                                                                              "split", "group")}
         assert q["rejected"] == f"`{p['prompt'][0]['content'].split('`')[1]}`"  # the name the question asks about
+
+
+def test_embedded_probe_pairs_draw_held_out_phrases_outside_train(objects, tmp_path):
+    """probes: each object's pairs as without them, plus a content-free reply and a template naming it as rejected
+    sides; a train object's from the TRAIN lists, a val or eval object's from the HELDOUT lists (none shared)."""
+    pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1, echo=True)}, tmp_path / "plain.parquet")
+    plain = pq.read_table(tmp_path / "plain.parquet").to_pylist()
+    pairs.build({"embedded": pairs_embedded.source(objects, 0.5, 0.1, echo=True, probes=True)},
+                tmp_path / "probes.parquet")
+    got = pq.read_table(tmp_path / "probes.parquet").to_pylist()
+    kinds = ("nonanswer", "template")
+    assert [p for p in got if p["negative"] not in kinds] == plain
+    objects_n = sum(p["negative"] == "echo" for p in plain)
+    assert [sum(p["negative"] == k for p in got) for k in kinds] == [objects_n, objects_n]
+    assert not set(pairs_embedded.TRAIN_NONANSWERS) & set(pairs_embedded.HELDOUT_NONANSWERS)
+    assert not set(pairs_embedded.TRAIN_TEMPLATES) & set(pairs_embedded.HELDOUT_TEMPLATES)
+    by_split = {}
+    for p in got:
+        if p["negative"] in kinds:
+            name = p["prompt"][0]["content"].split("`")[1]
+            assert p["rejected"] == pairs_embedded.probe_answers(name, p["split"])[p["negative"]]
+            by_split.setdefault(p["split"] == "train", set()).add(p["rejected"])
+    train_lists = set(pairs_embedded.TRAIN_NONANSWERS) | {p for p in by_split[True] if "`" in p}
+    assert by_split[True] <= train_lists and not by_split[False] & set(pairs_embedded.TRAIN_NONANSWERS)
+    assert set(by_split) == {True, False}  # both sides of the split drew probes
+    assert any(p["rejected"] in pairs_embedded.HELDOUT_NONANSWERS for p in got if p["split"] != "train")

@@ -146,6 +146,9 @@ class PairsConfig:
     embedded_negatives: int = knob("embedded pairs per object: its answer against this many other answers", ge=1)
     embedded_echo: bool = knob("embedded: one more pair per object, its answer against the asked name alone in "
                                "backticks (negative kind echo: an answer that restates the question)")
+    embedded_probes: bool = knob("embedded: two more pairs per object, its answer against a content-free reply "
+                                 "(kind nonanswer) and against a template naming it (kind template); val and eval "
+                                 "objects draw from held-out lists (speedrun.data.pairs_embedded)")
 
 
 @dataclass(frozen=True)
@@ -169,10 +172,12 @@ class OnpolicyConfig:
     max_prompt_len: int = knob("a longer prompt keeps its chat header and its last tokens, as GRPO cuts it (0 = the "
                                "model's context less max_new_tokens)", ge=0)
     batch_prompts: int = knob("prompts per engine call (K rows each)", ge=1)
+    keep_truncated: bool = knob("keep a sample that hit max_new_tokens without ending (false: skipped and counted, "
+                                "so every rejected answer ends as the chosen one does)")
 
 
 # the pair kinds a reward model can train on (data/pairs*.py, reward/onpolicy.py, data/task.py), and "all"
-PairKind = Literal["sft_sample", "hard", "random", "echo", "hh", "uf", "se", "task", "all"]
+PairKind = Literal["sft_sample", "hard", "random", "echo", "nonanswer", "template", "hh", "uf", "se", "task", "all"]
 # the diversity metrics a primary can name (speedrun.eval.compare.METRICS; tests/test_params.py keeps them in step)
 DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ead_2", "ead_3", "word_gini",
                           "self_bleu", "ead_1_first", "distinct_2_first", "self_bleu_first", "within_distinct_1",
@@ -184,7 +189,8 @@ DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ea
 @dataclass(frozen=True, kw_only=True)
 class RMConfig(TrainConfig):
     """The preference reward model (speedrun.reward.train_rm)."""
-    train_kinds: list[PairKind] = knob("pair kinds trained on (sft_sample, hard, random, echo, hh, uf, se; task for "
+    train_kinds: list[PairKind] = knob("pair kinds trained on (sft_sample, hard, random, echo, nonanswer, template, "
+                                       "hh, uf, se; task for "
                                        "task.rm), "
                                   "or [all]; every kind of the validation split is scored")
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "

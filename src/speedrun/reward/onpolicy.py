@@ -49,10 +49,12 @@ def row_uniforms(seed: int, prompt_ids: list[str], k: int, max_new_tokens: int) 
 @torch.no_grad()
 def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_new_tokens: int,
                     temperature: float, top_p: float, seed: int, batch_prompts: int, max_prompt_len: int,
-                    device: str = "cpu", d: distributed.Dist | None = None) -> tuple[list[dict], dict]:
+                    device: str = "cpu", d: distributed.Dist | None = None,
+                    keep_truncated: bool = True) -> tuple[list[dict], dict]:
     """K sampled answers per reference row as pair rows (the reference row's columns, rejected = the sample), and
     stats. Prompts are batched by rendered length (little padding); rows come back in refs order. d: the batches
-    shared over torchrun's processes (every rank gets every row)."""
+    shared over torchrun's processes (every rank gets every row). keep_truncated=False skips (and counts) a sample
+    cut at max_new_tokens: a reference always ends, so a cut rejected side teaches the RM to pay for ending."""
     model.eval()
     rendered = []
     for ref in refs:
@@ -89,6 +91,9 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
             if ids == chosen_ids:  # the model reproduced the reference: no preference to learn
                 counts["sample_equals_reference"] += 1
                 continue
+            if truncated and not keep_truncated:
+                counts["truncated_skipped"] += 1
+                continue
             counts["truncated"] += truncated
             n_tokens += len(ids)
             text = tok.decode([t for t in ids if t != tok.assistant_end_id])
@@ -97,11 +102,12 @@ def sample_rejected(model: GPT, tok: Tokenizer, refs: list[dict], k: int, max_ne
     n = len(refs) * k
     stats = {"prompts": len(refs), "prompts_cut": sum(len(r) > max_prompt_len for r in rendered),
              "samples_per_prompt": k, "samples": n, "pairs": len(rows),
-             "skipped": {"sample_equals_reference": counts["sample_equals_reference"]},
+             "skipped": {"sample_equals_reference": counts["sample_equals_reference"],
+                         "truncated": counts["truncated_skipped"]},
              "truncated_frac": round(counts["truncated"] / max(len(rows), 1), 4),
              "mean_sample_tokens": round(n_tokens / max(len(rows), 1), 2),
              "pairs_by_split": {sp: sum(r["split"] == sp for r in rows) for sp in ("train", "val")}}
-    assert len(rows) + counts["sample_equals_reference"] == n
+    assert len(rows) + counts["sample_equals_reference"] + counts["truncated_skipped"] == n
     return rows, stats
 
 
