@@ -66,6 +66,14 @@ def rm_check(rm: dict | None) -> list[str]:
     return out
 
 
+def dose(runs: dict) -> tuple[list[int], list[float], list[float]]:
+    """baseline's seeds, its KL at the end per seed, and its RM reward gain (end - start) beyond shuffled's per seed."""
+    seeds = sorted(r["seed"] for r in runs.values() if arm_of(r) == "baseline")
+    gain = lambda r: r["reward_end"] - r["reward_start"]  # noqa: E731
+    return (seeds, [runs[f"baseline_s{s}"]["kl_end"] for s in seeds],
+            [gain(runs[f"baseline_s{s}"]) - gain(runs[f"shuffled_s{s}"]) for s in seeds])
+
+
 def checks(result: dict, runs: dict, weights, rm: dict | None = None) -> list[str]:
     """The plan's checks (0)-(4), in its order."""
     frames = {v: {int(r.rsplit("_s", 1)[1]): f.drop(columns="run").reset_index(drop=True)
@@ -75,14 +83,11 @@ def checks(result: dict, runs: dict, weights, rm: dict | None = None) -> list[st
         m = manipulation_check(frames, arm, "baseline")
         out.append(f"- (1) {arm} against baseline: TV over modules {m['group_tv']:.3f} (bar {MIN_GROUP_TV}), over "
                    f"prompts {m['prompt_tv']:.3f}: {'passes' if m['group_tv'] >= MIN_GROUP_TV else 'FAILS'}")
-    seeds = sorted(r["seed"] for r in runs.values() if arm_of(r) == "baseline")
-    kl = [runs[f"baseline_s{s}"]["kl_end"] for s in seeds]
+    seeds, kl, beyond = dose(runs)
     above = [runs[f"baseline_s{s}"]["reward_end"] > runs[f"shuffled_s{s}"]["reward_end"] for s in seeds]
     out.append(f"- (2) the dose: baseline's KL at the end {', '.join(f'{k:.3f}' for k in kl)} (bar {DOSE_KL} in every "
                f"seed: {'passes' if min(kl) >= DOSE_KL else 'FAILS'}); its RM reward at the end above shuffled's in "
                f"{sum(above)} of {len(seeds)} seeds ({'passes' if all(above) else 'FAILS'})")
-    gain = lambda r: r["reward_end"] - r["reward_start"]  # noqa: E731
-    beyond = [gain(runs[f"baseline_s{s}"]) - gain(runs[f"shuffled_s{s}"]) for s in seeds]
     out.append(f"- (2b) baseline's RM reward gain beyond shuffled's, per seed: "
                f"{', '.join(f'{b:+.2f}' for b in beyond)} (bar {DOSE_GAIN} in every seed: "
                f"{'passes' if min(beyond) >= DOSE_GAIN else 'FAILS'})")

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from chat_pilot import DOSE_GAIN, DOSE_KL, arm_of, templates  # analysis/ is the script's folder, so on sys.path
+from chat_pilot import DOSE_GAIN, DOSE_KL, dose, templates  # analysis/ is the script's folder, so on sys.path
 from speedrun import kept
 from speedrun.typer_app import new_app, run_app
 
@@ -28,10 +28,9 @@ def bars(rm: dict) -> tuple[bool, list[str]]:
     """(passes, one line per bar) for an RM's metrics."""
     kinds = rm["by_kind"]
     hard = kinds["hard"]
-    lines = [f"hard {hard['acc']:.3f} (likelihood {hard['sft_logprob_acc']:.3f}, word overlap "
-             f"{hard['baseline_acc']:.3f}, {hard['pairs']} pairs): "
-             + ("passes" if hard["acc"] > max(0.5, hard["sft_logprob_acc"]) else "FAILS")]
     ok = hard["acc"] > max(0.5, hard["sft_logprob_acc"])
+    lines = [f"hard {hard['acc']:.3f} (likelihood {hard['sft_logprob_acc']:.3f}, word overlap "
+             f"{hard['baseline_acc']:.3f}, {hard['pairs']} pairs): " + ("passes" if ok else "FAILS")]
     for k in PROBES:
         v = kinds.get(k)
         good = v is not None and v["acc"] >= PROBE_ACC
@@ -59,12 +58,8 @@ def rm_lines(root: Path) -> list[str]:
 
 def screen_lines(root: Path) -> list[str]:
     runs = kept.read_json(root / "metrics/grpo.json")
-    seeds = sorted({r["seed"] for r in runs.values()})
-    by = {(arm_of(r), r["seed"]): r for r in runs.values()}
     out = ["", f"screen (the RM of {kept.read_text(root / 'screened.txt').strip()}): {len(runs)} GRPO runs", ""]
-    kl = [by["baseline", s]["kl_end"] for s in seeds]
-    rise = lambda r: r["reward_end"] - r["reward_start"]  # noqa: E731
-    gain = [rise(by["baseline", s]) - rise(by["shuffled", s]) for s in seeds]
+    _, kl, gain = dose(runs)
     out.append(f"- dose: baseline's KL at the end {', '.join(f'{x:.3f}' for x in kl)} (bar {DOSE_KL}); RM reward "
                f"gain beyond shuffled's {', '.join(f'{x:+.2f}' for x in gain)} (bar {DOSE_GAIN}): "
                + ("passes" if min(kl) >= DOSE_KL and min(gain) >= DOSE_GAIN else "FAILS"))
