@@ -1,8 +1,9 @@
-"""The readings of reports/experiments/chat-smollm2-rm-probes (its README is the plan, this code its rules, both
-committed before the run): per RM (v0, v1, v2) the on-policy pairs it trained on and its held-out accuracy by kind
-against the bars (hard above 0.5 and the base's likelihood; echo, nonanswer and template at least 0.9); then, where a
-screen ran, its dose (baseline's KL and RM reward gain beyond shuffled's, every seed) and check 5 with the figures it
-reads (pilot 3's, analysis/chat_pilot.py), and words per answer. No diversity interval is read.
+"""The readings of the SmolLM2 chat track's RM gates, reports/experiments/chat-smollm2-rm-probes (RMs v0, v1, v2)
+and chat-smollm2-rm-end (--rms e1,e2) (each README is its plan, this code its rules, committed before each run): per
+RM the on-policy pairs it trained on and its held-out accuracy by kind against the bars (hard above 0.5 and the base's
+likelihood; echo, nonanswer and template at least 0.9); then, where a screen ran, its dose (baseline's KL and RM reward
+gain beyond shuffled's, every seed) and check 5 with the figures it reads (pilot 3's, analysis/chat_pilot.py), words
+per answer and the share of each run's completions cut at the budget. No diversity interval is read.
 
     python analysis/rm_probes.py reports/experiments/chat-smollm2-rm-probes
     python analysis/rm_probes.py reports/experiments/chat-smollm2-rm-probes --passes v2   # exit 0 iff v2 passes
@@ -40,9 +41,9 @@ def bars(rm: dict) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def rm_lines(root: Path) -> list[str]:
+def rm_lines(root: Path, rms: tuple[str, ...] = RMS) -> list[str]:
     out = []
-    for v in RMS:
+    for v in rms:
         if not kept.exists(root / v / "rm.json"):
             out.append(f"{v}: not run")
             continue
@@ -67,18 +68,21 @@ def screen_lines(root: Path) -> list[str]:
     words = samples["text"].str.split().str.len()
     for model, n in words.groupby(samples["model"], sort=False):
         out.append(f"- {model}: {n.mean():.1f} words per answer, under five words {(n < 5).mean():.2f}")
+    out.append("- described: completions cut at the budget at the end of training, per run: "
+               + ", ".join(f"{k} {r['truncated_frac_end']:.2f}" for k, r in sorted(runs.items())))
     return out + templates(samples, planned=True)
 
 
 @app.command(help=__doc__.splitlines()[0])
-def main(root: Annotated[Path, typer.Argument(help="the kept experiment: v0/, v1/, v2/ and the screen's files")],
+def main(root: Annotated[Path, typer.Argument(help="the kept experiment: one folder per RM and the screen's files")],
+         rms: Annotated[str, typer.Option(help="the RMs' folders, comma-separated")] = ",".join(RMS),
          passes: Annotated[str, typer.Option(help="only say (by the exit code) whether this RM passes its bars")] = ""
          ) -> None:
     if passes:
         ok, lines = bars(kept.read_json(root / passes / "rm.json"))
         print(f"{passes}: " + "; ".join(lines))
         raise typer.Exit(0 if ok else 1)
-    lines = rm_lines(root)
+    lines = rm_lines(root, tuple(rms.split(",")))
     if kept.exists(root / "metrics/grpo.json"):
         lines += screen_lines(root)
     print("\n".join(lines))

@@ -68,6 +68,35 @@ def test_mean_pool_averages_the_response_tokens_scores_under_any_padding():
         rm.score(ids, mask)
 
 
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_read_end_off_scores_an_ended_answer_as_the_same_answer_cut_before_its_end(pool):
+    """rm.read_end false (end_id set): an answer closed by the end token scores as its content alone, under either
+    padding and in the paired forward; an answer that is the end token alone keeps it; the prompt's own end
+    tokens (a chat template closes its user turns with the same token) are read as before."""
+    rm, end = tiny_rm(6), 2
+    rm.pool = pool
+    content = [[1, 5, 2, 7, 9], [1, 3, 4], [1, 4, 4, 8, 8, 8, 6, 11]]  # 2 closes the first prompt's turn
+    starts = [3, 1, 5]
+    cut = pref.score_ids(rm, content, starts)
+    rm.end_id = end
+    ended = [r + [end] for r in content]
+    assert torch.allclose(pref.score_ids(rm, ended, starts, batch_size=2), cut, atol=1e-5)
+    assert torch.allclose(pref.score_ids(rm, content, starts), cut, atol=1e-5)  # a cut answer: nothing left out
+    for left in (False, True):
+        ids, mask = pref.pad_rows(ended, pad=0, left=left)
+        first = torch.tensor(starts) + (ids.size(1) - mask.sum(1) if left else 0)
+        assert torch.allclose(rm.score(ids, mask, first), cut, atol=1e-5)
+    alone = [[1, 5, 7, end]]  # the response (from 3) is the end token alone: it is read
+    rm.end_id = None
+    want = pref.score_ids(rm, alone, [3])
+    rm.end_id = end
+    assert torch.allclose(pref.score_ids(rm, alone, [3]), want, atol=1e-6)
+    x, y = pref.pair_batch(ended[:2], [content[0], content[1][:1] + [end]], starts[:2])
+    paired, unpaired = (rm(x.clamp(min=0), x >= 0, y.repeat(2), paired=flag) for flag in (True, False))
+    torch.testing.assert_close(paired, unpaired, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(paired[:2], cut[:2], atol=1e-5, rtol=1e-5)
+
+
 def toy_pairs(n: int, seed: int) -> dict[str, list]:
     """Separable: the chosen response contains token 30 somewhere, the rejected one token 31 instead;
     lengths and the other tokens are random."""
@@ -299,11 +328,22 @@ def test_stage_end_to_end_writes_loadable_outputs(tiny_corpus, rm_inputs, tmp_pa
     std = pref.score_conversations(rm, tok, msgs, texts, batch_size=2, standardise=True)
     assert torch.allclose(std, (by_text - rm.reward_mean) / rm.reward_std)
     assert abs(float(by_text[0]) - float(m["reward_mean"])) < 10 * m["reward_std"]
+    assert meta["end_id"] is None and m["read_end"] is True and rm.end_id is None
+
+    run_module("stages.train_rm", *rm_args(tiny_corpus, root, tmp_path / "c", *sets("rm.read_end=false")))
+    meta = json.loads((tmp_path / "c/rm/meta.json").read_text())
+    assert meta["end_id"] == tok.assistant_end_id
+    assert json.loads((tmp_path / "c/rm.json").read_text())["read_end"] is False
+    rm = pref.RewardModel.load(tmp_path / "c/rm", "cpu", tok.digest)
+    assert rm.end_id == tok.assistant_end_id  # the loaded RM reads an ended answer as the same answer cut
+    cut = pref.score_conversations(rm, tok, [tok.render_prompt(p) for p in msgs], [tok.encode(t) for t in texts])
+    assert torch.allclose(pref.score_conversations(rm, tok, msgs, texts), cut, atol=1e-5)
 
 
+@pytest.mark.parametrize("end_id", [None, 2])
 @pytest.mark.parametrize("pool,max_len", [("last", 7), ("mean", 7), ("last", 9), ("mean", 9), ("last", 64),
                                           ("mean", 64)])
-def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool, max_len):
+def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool, max_len, end_id):
     """score_samples gives the rewards of each prompt + completion scored alone, for both pools: when the rows fit
     (max_len 64: each prompt run once, completions grouped by length), when a prompt is cut to its header and end
     as every stage cuts one (9: 3 tokens left beside 6 of completion), and when the completions leave no room for
@@ -313,7 +353,7 @@ def test_grpo_scoring_of_samples_equals_scoring_each_row_alone(pool, max_len):
     from speedrun.tokenizer import cut_prompt
 
     rm = tiny_rm(3)
-    rm.pool, rm.max_len = pool, max_len
+    rm.pool, rm.max_len, rm.end_id = pool, max_len, end_id  # end_id: rm.read_end false, the stop token not read
     torch.manual_seed(0)
     policy = GPT(rm.config)
     torch.nn.init.normal_(policy.lm_head.weight, std=0.5)

@@ -49,10 +49,11 @@ def test_log_probs_through_the_trunk_are_the_full_forwards(kind, blocks):
 
 
 @pytest.mark.parametrize("kind", ["gpt", "llama"])
-@pytest.mark.parametrize("pool", ["last", "mean"])
-def test_a_reward_model_on_the_trunks_blocks_scores_through_it_as_through_its_own(kind, pool):
+@pytest.mark.parametrize("pool,end_id", [("last", None), ("mean", None), ("last", 3)])
+def test_a_reward_model_on_the_trunks_blocks_scores_through_it_as_through_its_own(kind, pool, end_id):
     policy = random_model(kind)
     rm = RewardModel.from_gpt(policy, pool)
+    rm.end_id = end_id  # rm.read_end false: the stop token is left out on the trunk's path as on the RM's own
     with torch.no_grad():  # its own last block and head, as train_rm's train_last_blocks leaves them
         for p in [*rm.trunk.blocks[2].parameters(), rm.head.weight]:
             p.normal_(0.0, 0.3)

@@ -190,11 +190,13 @@ DiversityMetric = Literal["distinct_1", "distinct_2", "distinct_3", "ead_1", "ea
 class RMConfig(TrainConfig):
     """The preference reward model (speedrun.reward.train_rm)."""
     train_kinds: list[PairKind] = knob("pair kinds trained on (sft_sample, hard, random, echo, nonanswer, template, "
-                                       "hh, uf, se; task for "
-                                       "task.rm), "
-                                  "or [all]; every kind of the validation split is scored")
+                                       "hh, uf, se; task for task.rm), or [all]; every kind of the validation split "
+                                       "is scored")
     pool: Literal["last", "mean"] = knob("last: the last token's score | mean: the mean per-token score of the "
                                          "response")
+    read_end: bool = knob("true: the score reads each response's closing <|assistant_end|> | false: it is left out "
+                          "on every side (pairs, GRPO samples, evaluation), so an answer cut at the token budget is "
+                          "read as one that ended")
     train_last_blocks: int = knob("trunk blocks trained with the head, from the top (0 = head only)", ge=0)
     max_len: int = knob("prompt + response tokens (a longer prompt is cut to its header and end, leaving 16 to "
                         "the response; 0 = the model's context)", ge=0)

@@ -37,7 +37,7 @@ class RewardModel(nn.Module):
     """The policy's trunk, GPT or Llama (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std`
     standardise rewards. pool "last": the head reads the last real token; "mean": the mean of the head's per-token
     scores over the response tokens (each token's evidence adds up, as in the adversarial discriminator's token
-    head)."""
+    head). end_id set (rm.read_end false): each response's closing token is left out of what the head reads."""
 
     def __init__(self, config: Config, pool: str = "last"):
         super().__init__()
@@ -49,6 +49,7 @@ class RewardModel(nn.Module):
         self.head = nn.Linear(config.n_embd, 1, bias=False)  # a bias cancels in r_chosen - r_rejected
         nn.init.zeros_(self.head.weight)  # every reward starts at 0: loss log 2, no random preference
         self.reward_mean, self.reward_std, self.max_len = 0.0, 1.0, config.seq_len
+        self.end_id: int | None = None
 
     @classmethod
     def from_gpt(cls, gpt: GPT, pool: str = "last") -> RewardModel:
@@ -67,6 +68,7 @@ class RewardModel(nn.Module):
         rm.load_state_dict(torch_load(Path(rm_dir) / "model.pt"))
         rm.reward_mean, rm.reward_std = float(meta["reward_mean"]), float(meta["reward_std"])
         rm.max_len = int(meta.get("max_len", rm.config.seq_len))
+        rm.end_id = meta.get("end_id")
         return rm.to(device).eval()
 
     def forward(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None,
@@ -77,7 +79,9 @@ class RewardModel(nn.Module):
         both (the same rewards up to float rounding, ~30% fewer tokens). Training calls the module itself so
         that DDP sees the forward."""
         if not paired:
-            return self.pool_scores(self.trunk.hidden(ids, key_mask=key_mask), key_mask, start)
+            h = self.trunk.hidden(ids, key_mask=key_mask)
+            mask = key_mask if key_mask is not None else torch.ones_like(ids, dtype=torch.bool)
+            return self.pool_scores(h, self.read_mask(ids, mask, start), start)
         n, T = ids.shape
         lengths = key_mask.sum(1)
         prompts = [row[:int(k)] for row, k in zip(ids[:n // 2].tolist(), start[:n // 2].tolist())]
@@ -87,7 +91,22 @@ class RewardModel(nn.Module):
         resp = ids.gather(1, col).masked_fill(~resp_mask, 0)
         prompt_index = torch.arange(n // 2, device=ids.device).repeat(2)
         _, h = continuation_hidden(self.trunk, prompts, resp, prompt_index, 0, resp_mask.sum(1))
-        return self.pool_scores(h, resp_mask, torch.zeros_like(start))
+        return self.pool_scores(h, self.read_mask(resp, resp_mask), torch.zeros_like(start))
+
+    def read_mask(self, ids: Tensor, mask: Tensor, start: Tensor | None = None) -> Tensor:
+        """mask [B, T] (bool, True on real tokens) less each row's closing token where end_id is set: causal
+        attention makes that the same score as the response without it, so an answer cut at a budget and one that
+        ended are read alike. A row whose response (from start, default 0) is that token alone keeps it."""
+        if self.end_id is None:
+            return mask
+        B, T = ids.shape
+        rows = torch.arange(B, device=ids.device)
+        last = (mask.long() * torch.arange(1, T + 1, device=ids.device)).argmax(1)  # highest real index
+        first = start.to(ids.device) if start is not None else torch.zeros_like(last)
+        closing = (ids[rows, last] == self.end_id) & (last > first) & mask[rows, last]
+        out = mask.clone()
+        out[rows[closing], last[closing]] = False
+        return out
 
     def pool_scores(self, h: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
         """Raw reward [B] from the trunk's hidden states h [B, T, C] of rows laid out as in forward()."""

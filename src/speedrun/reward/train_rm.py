@@ -49,7 +49,7 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
         sft_margin = lm[:len(val["id"])] - lm[len(val["id"]):]
     rm = pref.RewardModel.from_gpt(gpt, r.pool)
     del gpt
-    rm.max_len = r.max_len
+    rm.max_len, rm.end_id = r.max_len, None if r.read_end else tok.assistant_end_id
     pref.freeze(rm, r.train_last_blocks)
     sampler = StepSampler(len(train_pairs["id"]), r.batch_size, r.micro_batch, seed, "rm")
     n_trained = sum(p.numel() for p in rm.parameters() if p.requires_grad)
@@ -81,14 +81,15 @@ def train_reward_model(pairs: list[Path], init_dir: Path, tokenizer_dir: Path, c
          "train_kinds": r.train_kinds, "train_pairs_left_out": not_trained,
          "skipped": {"train": train_skipped, "val": val_skipped},
          "cut_to_max_len": {"train": train_cut, "val": val_cut},
-         "pool": r.pool, "train_last_blocks": r.train_last_blocks, "trained_params": n_trained,
+         "pool": r.pool, "read_end": r.read_end, "train_last_blocks": r.train_last_blocks,
+         "trained_params": n_trained,
          "steps": result.steps_done,
          "best_step": result.best_step, "stopped_early": result.stopped_early, "pairs_seen": result.tokens,
          "pairs_per_s": round(result.tokens / max(result.train_seconds, 1e-9), 1)}
     val_keys = ("val_acc", "val_margin", "val_loss", "baseline_acc", "sft_logprob_acc", "by_kind")
     meta = {"tokenizer": tok.digest, "step": result.best_step, "init": str(init_dir), "max_len": r.max_len,
-            "train_kinds": r.train_kinds,
-            "pool": r.pool, "train_last_blocks": r.train_last_blocks, "reward_mean": m["reward_mean"],
+            "train_kinds": r.train_kinds, "pool": r.pool, "end_id": rm.end_id,
+            "train_last_blocks": r.train_last_blocks, "reward_mean": m["reward_mean"],
             "reward_std": m["reward_std"], "val": {k: m[k] for k in val_keys}}
     if m["best_step"] == 0:
         print("rm: WARNING: no eval beat the untrained model (zero head, every reward equal): this RM is constant")

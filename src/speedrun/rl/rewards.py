@@ -18,11 +18,12 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     Where the samples carry a frozen trunk (GRPO with frozen_blocks) whose blocks are the RM's own first ones, the RM
     runs only its blocks after it."""
     device = samples.tokens.device
+    read = rm.read_mask(samples.tokens, samples.mask > 0)  # the completion tokens the RM reads (rm.read_end)
     t = samples.trunk  # the trunk holds the whole prompts: only where they fit the RM's context uncut
     if t is not None and max(len(p) for p in prompts) + samples.tokens.size(1) <= rm.max_len \
             and t.tokens.size(1) >= int(real_width(samples.mask).max()) and t.shares(rm.trunk):
         h = t.token_states(rm.trunk)  # the policy's frozen blocks are the RM's: only the RM's own blocks run
-        r = rm.pool_scores(h, samples.mask[:, :h.size(1)] > 0, torch.zeros(len(h), dtype=torch.long, device=device))
+        r = rm.pool_scores(h, read[:, :h.size(1)], torch.zeros(len(h), dtype=torch.long, device=device))
         return rm.standardise(r.float().cpu()) if standardise else r.float().cpu()
     room = rm.max_len - samples.tokens.size(1)
     if room >= 3:  # a prompt too long for the RM's context is cut as every stage cuts one: its header and its end
@@ -32,7 +33,7 @@ def score_samples(rm: RewardModel, prompts: list[list[int]], samples: Samples, p
     if width <= rm.max_len:
         _, h = continuation_hidden(rm.trunk, prompts, samples.tokens, samples.prompt_index, pad_id,
                                    real_width(samples.mask))
-        r = rm.pool_scores(h, samples.mask > 0, torch.zeros(len(h), dtype=torch.long, device=device)).float().cpu()
+        r = rm.pool_scores(h, read, torch.zeros(len(h), dtype=torch.long, device=device)).float().cpu()
         return rm.standardise(r) if standardise else r
     out = []
     cut = max(p_ids.size(1) + samples.tokens.size(1) - rm.max_len, 0)  # leading columns that do not fit
