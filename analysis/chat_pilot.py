@@ -1,4 +1,4 @@
-"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot, -2 and -3, their plans'
+"""The SmolLM2 chat pilots' readings (reports/experiments/chat-smollm2-pilot, -2, -3 and -4, their plans'
 checks and readings in code, written before any output of the evaluation was read): the checks first (the RM's
 held-out accuracy by kind where the pilot kept it, the manipulation of density and the oracle against baseline, the
 dose, the positive control's own manipulation, the temperature control), then each comparison as the range over the
@@ -6,7 +6,8 @@ instruments that pass, at the same temperature and at an equal reward, reward an
 and the power of density − baseline for the full design. No calls (a pilot). The second pilot's plan adds to the
 dose the RM reward's gain beyond shuffled's (2b) and reads the RM (0); the first pilot's plan had neither. The third
 adds a bar on the RM's held-out echo pairs to (0) and check (5), no template in the RM arms'
-answers (printed last, with the per-model figures it reads).
+answers (printed last, with the per-model figures it reads); the fourth, the same bar on the nonanswer and template
+pairs (the RM gate of reports/experiments/chat-smollm2-rm-end).
 
     python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot-3
 """
@@ -60,9 +61,10 @@ def rm_check(rm: dict | None) -> list[str]:
     ok = hard is not None and hard["acc"] > max(0.5, hard["sft_logprob_acc"])
     out = [f"- (0) the RM's held-out accuracy by kind: {cells}: {'passes' if ok else 'FAILS'} (hard above 0.5 and "
            "above the base's likelihood)"]
-    if "echo" in kinds:  # the third pilot's bar: the hack it prices in, shown as a rejected answer, is priced
-        ok = kinds["echo"]["acc"] >= ECHO_ACC
-        out.append(f"- (0) echo pairs {kinds['echo']['acc']:.3f}: {'passes' if ok else 'FAILS'} (bar {ECHO_ACC})")
+    for k in ("echo", "nonanswer", "template"):  # the third pilot's bar (echo), the fourth's (the RM gate's probes)
+        if k in kinds:
+            ok = kinds[k]["acc"] >= ECHO_ACC
+            out.append(f"- (0) {k} pairs {kinds[k]['acc']:.3f}: {'passes' if ok else 'FAILS'} (bar {ECHO_ACC})")
     return out
 
 
