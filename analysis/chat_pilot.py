@@ -209,6 +209,20 @@ def templates(samples, planned: bool) -> list[str]:
     return out
 
 
+def form(samples) -> list[str]:
+    """The fourth pilot's planned descriptions (what the gate's screen showed, post hoc there): per model, the share
+    of answers that name the asked object, that hold a backtick, and that end in ".", "!" or "?"."""
+    import re
+    out = ["", "Described (planned in the fourth pilot): the answers' form, per model", ""]
+    for model, g in samples.groupby("model", sort=False):
+        names = g["prompt"].map(lambda q: (re.findall(r"`([^`]+)`", q) or [""])[0])
+        named = [bool(q) and q in t for q, t in zip(names, g["text"])]
+        text = g["text"].str.rstrip()
+        out.append(f"- {model}: names the asked object {sum(named) / len(named):.2f}, a backtick "
+                   f"{text.str.contains('`').mean():.2f}, ends in . ! ? {text.str[-1:].isin(list('.!?')).mean():.2f}")
+    return out
+
+
 @app.command(help=__doc__.splitlines()[0])
 def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json, weights.parquet, metrics/")]) -> None:
     result = kept.read_json(root / "result.json")
@@ -221,6 +235,8 @@ def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json,
         samples = kept.read_parquet(root / "samples.parquet")
         planned = "echo" in rm["by_kind"]  # the third pilot's RM, which its plan's check (5) goes with
         lines += described(runs, samples, 48, "smollm2-135m") + templates(samples, planned)
+        if "nonanswer" in rm["by_kind"]:  # the fourth pilot's RM
+            lines += form(samples)
     print("\n".join(lines))
 
 
