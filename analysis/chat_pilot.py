@@ -7,7 +7,7 @@ and the power of density − baseline for the full design. No calls (a pilot). T
 dose the RM reward's gain beyond shuffled's (2b) and reads the RM (0); the first pilot's plan had neither. The third
 adds a bar on the RM's held-out echo pairs to (0) and check (5), no template in the RM arms'
 answers (printed last, with the per-model figures it reads); the fourth, the same bar on the nonanswer and template
-pairs (the RM gate of reports/experiments/chat-smollm2-rm-end).
+pairs (the RM gate of reports/experiments/chat-smollm2-rm-end), and post hoc sections added after its reading.
 
     python analysis/chat_pilot.py reports/experiments/chat-smollm2-pilot-3
 """
@@ -154,8 +154,53 @@ def outcomes(result: dict, runs: dict) -> list[str]:
     for name in power:
         x, target = d["delta"][name], 0.3 * abs(r1[name]["value"])
         need = stats.runs_needed(x["between_var"], x["prompt_var"], len(d["runs_a"]), target, max(1, len(power)))
-        out.append(f"- {name}: reading 1 {_ci(r1[name])}, 30% of it {target:.4f}: {need} seeds per arm (None: "
-                   f"over {stats.MAX_RUNS})")
+        out.append(f"- {name}: reading 1 {_ci(_signed(r1[name], name))} (> 0: baseline more diverse), 30% of it "
+                   f"{target:.4f}: {need} seeds per arm (None: over {stats.MAX_RUNS})")
+    return out
+
+
+def post_hoc(result: dict, samples) -> list[str]:
+    """Added after the fourth pilot's reading, at its referee's asking (no planned figure changes): each
+    same-temperature interval as a share of the SFT model's range over the control temperatures (> 0: the first more
+    diverse; a bound below 0 is the most narrowing left open), the MDEs of density − baseline likewise, each arm
+    against the SFT model, answers under five of the instruments' words, and distinct-2 with the asked name cut out."""
+    import re
+    from speedrun.eval.diversity import distinct_n, words
+    control = {m: x for m, x in result["temperature_control"]["metrics"].items() if x["passes"]}
+    span = {m: abs(x["values"][-1] - x["values"][0]) for m, x in control.items()}
+    by_pair = {(c["a"], c["b"]): c for c in result["comparisons"]}
+    out = ["", "Post hoc: each interval as a share of the SFT model's range from the coldest to the hottest control "
+               "temperature (same temperature, > 0: the first more diverse):", ""]
+    for a, b in PAIRS:
+        d = {m: _signed(by_pair[(a, b)]["delta"][m], m) for m in control if m in by_pair[(a, b)]["delta"]}
+        out.append(f"- {a} − {b}: " + "; ".join(f"{m} [{x['ci_low'] / span[m]:+.0%}, {x['ci_high'] / span[m]:+.0%}]"
+                                                  for m, x in d.items()))
+    power = power_table(result, by_pair[("density", "baseline")], "baseline")
+    out.append("- MDE of density − baseline at its seeds as a share of that range: " + ", ".join(
+        f"{m} {p['mde']:.4f} ({p['mde'] / span[m]:.0%})" for m, p in power.items() if m in span))
+    out += ["", "Post hoc: each arm against the SFT model, same temperature (> 0: the arm more diverse):", ""]
+    for arm in ARMS:
+        d = {m: _signed(result["vs_reference"][arm][m], m) for m in control if m in result["vs_reference"][arm]}
+        out.append(f"- {arm}: " + "; ".join(f"{m} {_ci(x, '{:+.3f}')}" for m, x in d.items()))
+    def cut_name(text: str, name: list[str]) -> str:  # the answer's words without each run of the name's words
+        w, out, i = words(text), [], 0
+        while i < len(w):
+            if name and w[i:i + len(name)] == name:
+                i += len(name)
+                continue
+            out.append(w[i])
+            i += 1
+        return " ".join(out)
+    names = samples["prompt"].map(lambda q: words((re.findall(r"`([^`]+)`", q) or [""])[0]))
+    cut = [cut_name(t, n) for n, t in zip(names, samples["text"])]
+    first = lambda ts: [" ".join(words(t)[:5]) for t in ts]  # noqa: E731  the _first instruments' window
+    out += ["", "Post hoc, per model: answers under five words (the instruments' count); distinct-2 of the first five "
+                "words and of the whole answer, as is -> with the asked name cut out; word entropy (bits):", ""]
+    for model, g in samples.assign(cut=cut).groupby("model", sort=False):
+        short = np.mean([len(words(t)) < 5 for t in g["text"]])
+        out.append(f"- {model}: under five words {short:.2f}; first five {distinct_n(first(g['text']), 2):.3f} -> "
+                   f"{distinct_n(first(g['cut']), 2):.3f}; whole {distinct_n(g['text'], 2):.3f} -> "
+                   f"{distinct_n(g['cut'], 2):.3f}; word entropy {result['values'][model]['word_entropy']:.2f}")
     return out
 
 
@@ -236,7 +281,7 @@ def main(root: Annotated[Path, typer.Argument(help="the kept pilot: result.json,
         planned = "echo" in rm["by_kind"]  # the third pilot's RM, which its plan's check (5) goes with
         lines += described(runs, samples, 48, "smollm2-135m") + templates(samples, planned)
         if "nonanswer" in rm["by_kind"]:  # the fourth pilot's RM
-            lines += form(samples)
+            lines += form(samples) + post_hoc(result, samples)
     print("\n".join(lines))
 
 
