@@ -242,13 +242,16 @@ def test_embedded_probe_pairs_draw_held_out_phrases_outside_train(objects, tmp_p
     assert [sum(p["negative"] == k for p in got) for k in kinds] == [objects_n, objects_n]
     assert not set(pairs_embedded.TRAIN_NONANSWERS) & set(pairs_embedded.HELDOUT_NONANSWERS)
     assert not set(pairs_embedded.TRAIN_TEMPLATES) & set(pairs_embedded.HELDOUT_TEMPLATES)
-    by_split = {}
+    lists = {True: (pairs_embedded.TRAIN_NONANSWERS, pairs_embedded.TRAIN_TEMPLATES),
+             False: (pairs_embedded.HELDOUT_NONANSWERS, pairs_embedded.HELDOUT_TEMPLATES)}
+    sides = set()
     for p in got:
         if p["negative"] in kinds:
             name = p["prompt"][0]["content"].split("`")[1]
             assert p["rejected"] == pairs_embedded.probe_answers(name, p["split"])[p["negative"]]
-            by_split.setdefault(p["split"] == "train", set()).add(p["rejected"])
-    train_lists = set(pairs_embedded.TRAIN_NONANSWERS) | {p for p in by_split[True] if "`" in p}
-    assert by_split[True] <= train_lists and not by_split[False] & set(pairs_embedded.TRAIN_NONANSWERS)
-    assert set(by_split) == {True, False}  # both sides of the split drew probes
+            nonanswers, templates = lists[p["split"] == "train"]  # the side's own lists, the name filled in
+            allowed = nonanswers if p["negative"] == "nonanswer" else [t.format(name) for t in templates]
+            assert p["rejected"] in allowed
+            sides.add(p["split"] == "train")
+    assert sides == {True, False}  # both sides of the split drew probes
     assert any(p["rejected"] in pairs_embedded.HELDOUT_NONANSWERS for p in got if p["split"] != "train")

@@ -33,6 +33,11 @@ REQUIRED_COLUMNS = ("id", "prompt_id", "split", "src", "prompt", "chosen", "reje
 POOLS = ("last", "mean")
 
 
+def last_real(mask: Tensor) -> Tensor:
+    """Each row's highest index where mask [B, T] is True (a left- or right-padded row's last real token)."""
+    return (mask.long() * torch.arange(1, mask.size(1) + 1, device=mask.device)).argmax(1)
+
+
 class RewardModel(nn.Module):
     """The policy's trunk, GPT or Llama (its LM head dropped) + a linear scalar head; `reward_mean`/`reward_std`
     standardise rewards. pool "last": the head reads the last real token; "mean": the mean of the head's per-token
@@ -99,9 +104,8 @@ class RewardModel(nn.Module):
         ended are read alike. A row whose response (from start, default 0) is that token alone keeps it."""
         if self.end_id is None:
             return mask
-        B, T = ids.shape
-        rows = torch.arange(B, device=ids.device)
-        last = (mask.long() * torch.arange(1, T + 1, device=ids.device)).argmax(1)  # highest real index
+        rows = torch.arange(ids.size(0), device=ids.device)
+        last = last_real(mask)
         first = start.to(ids.device) if start is not None else torch.zeros_like(last)
         closing = (ids[rows, last] == self.end_id) & (last > first) & mask[rows, last]
         out = mask.clone()
@@ -121,7 +125,7 @@ class RewardModel(nn.Module):
         if key_mask is None:
             last = torch.full((B,), T - 1, device=h.device)
         else:
-            last = (key_mask.long() * torch.arange(1, T + 1, device=h.device)).argmax(1)  # highest real index
+            last = last_real(key_mask)
         return self.head(h[torch.arange(B, device=h.device), last]).squeeze(-1).float()
 
     def score(self, ids: Tensor, key_mask: Tensor | None = None, start: Tensor | None = None) -> Tensor:
