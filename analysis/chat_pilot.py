@@ -13,6 +13,7 @@ pairs (the RM gate of reports/experiments/chat-smollm2-rm-end), and post hoc sec
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +48,24 @@ def _signed(d: dict, name: str) -> dict:
     s = -1.0 if METRIC_BY_NAME[name].good == "lower" else 1.0
     lo, hi = sorted((s * d["ci_low"], s * d["ci_high"]))
     return {"value": s * d["value"], "ci_low": lo, "ci_high": hi}
+
+
+def asked_name(prompt: str) -> str:
+    """The object a prompt asks about: its first backticked span ("" when it has none)."""
+    return (re.findall(r"`([^`]+)`", prompt) or [""])[0]
+
+
+def cut_name(text: str, name: list[str]) -> str:
+    """The answer's words (the instruments' count) without each run of the name's words."""
+    from speedrun.eval.diversity import words
+    w, out, i = words(text), [], 0
+    while i < len(w):
+        if name and w[i:i + len(name)] == name:
+            i += len(name)
+            continue
+        out.append(w[i])
+        i += 1
+    return " ".join(out)
 
 
 def rm_check(rm: dict | None) -> list[str]:
@@ -164,7 +183,6 @@ def post_hoc(result: dict, samples) -> list[str]:
     same-temperature interval as a share of the SFT model's range over the control temperatures (> 0: the first more
     diverse; a bound below 0 is the most narrowing left open), the MDEs of density − baseline likewise, each arm
     against the SFT model, answers under five of the instruments' words, and distinct-2 with the asked name cut out."""
-    import re
     from speedrun.eval.diversity import distinct_n, words
     control = {m: x for m, x in result["temperature_control"]["metrics"].items() if x["passes"]}
     span = {m: abs(x["values"][-1] - x["values"][0]) for m, x in control.items()}
@@ -182,16 +200,7 @@ def post_hoc(result: dict, samples) -> list[str]:
     for arm in ARMS:
         d = {m: _signed(result["vs_reference"][arm][m], m) for m in control if m in result["vs_reference"][arm]}
         out.append(f"- {arm}: " + "; ".join(f"{m} {_ci(x, '{:+.3f}')}" for m, x in d.items()))
-    def cut_name(text: str, name: list[str]) -> str:  # the answer's words without each run of the name's words
-        w, out, i = words(text), [], 0
-        while i < len(w):
-            if name and w[i:i + len(name)] == name:
-                i += len(name)
-                continue
-            out.append(w[i])
-            i += 1
-        return " ".join(out)
-    names = samples["prompt"].map(lambda q: words((re.findall(r"`([^`]+)`", q) or [""])[0]))
+    names = samples["prompt"].map(lambda q: words(asked_name(q)))
     cut = [cut_name(t, n) for n, t in zip(names, samples["text"])]
     first = lambda ts: [" ".join(words(t)[:5]) for t in ts]  # noqa: E731  the _first instruments' window
     out += ["", "Post hoc, per model: answers under five words (the instruments' count); distinct-2 of the first five "
@@ -232,12 +241,11 @@ def templates(samples, planned: bool) -> list[str]:
     backticks), and the most common opening (the first two words, the asked object's name written X) with its share:
     post hoc in the second pilot (found reading its samples), planned in the third, whose check (5) bars them in
     every run of the RM arms."""
-    import re
     out = ["", ("Described (planned), and check (5)" if planned else "Post hoc (not in the plan)")
            + ": what the answers became, per model", ""]
     fails = []
     for model, g in samples.groupby("model", sort=False):
-        names = g["prompt"].map(lambda q: (re.findall(r"`([^`]+)`", q) or [""])[0])
+        names = g["prompt"].map(asked_name)
         words = g["text"].str.split()
         opening = [" ".join(w[:2]).replace(q, "X") if q else " ".join(w[:2]) for w, q in zip(words, names)]
         top = max(set(opening), key=lambda o: (opening.count(o), o))
@@ -257,10 +265,9 @@ def templates(samples, planned: bool) -> list[str]:
 def form(samples) -> list[str]:
     """The fourth pilot's planned descriptions (what the gate's screen showed, post hoc there): per model, the share
     of answers that name the asked object, that hold a backtick, and that end in ".", "!" or "?"."""
-    import re
     out = ["", "Described (planned in the fourth pilot): the answers' form, per model", ""]
     for model, g in samples.groupby("model", sort=False):
-        names = g["prompt"].map(lambda q: (re.findall(r"`([^`]+)`", q) or [""])[0])
+        names = g["prompt"].map(asked_name)
         named = [bool(q) and q in t for q, t in zip(names, g["text"])]
         text = g["text"].str.rstrip()
         out.append(f"- {model}: names the asked object {sum(named) / len(named):.2f}, a backtick "

@@ -2,7 +2,7 @@
 # The SmolLM2 chat pilots (reports/experiments/chat-smollm2-pilot, -2, -3 and -4): one
 # `dvc exp run` of the chat track from a pretrained base with five arms, then the experiment kept. Run from the
 # repository root.
-#   bash analysis/chat_pilot.sh                        # the fourth pilot: SmolLM2-135M-Instruct, 2 cores (~70 min)
+#   bash analysis/chat_pilot.sh                        # the fourth pilot: SmolLM2-135M-Instruct, 2 cores (91 min)
 #   PILOT=1 bash analysis/chat_pilot.sh                # the first pilot's design (2 the second's, 3 the third's)
 #   PROFILE=dry BASE=hf:<folder> bash analysis/chat_pilot.sh   # the same design, a few steps (tests/test_pipeline.py)
 #   PROFILE=gpu bash analysis/chat_pilot.sh            # on a lent GPU (compute.device auto picks it), below
