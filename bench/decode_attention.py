@@ -8,13 +8,16 @@ prompt's keys and apart against their own answers' keys, with one softmax over b
 
 Why the shared-prefix form was a candidate: the cache copies a prompt's keys to each of its samples, and each batch
 entry of the engine's two products has only the 3 query heads of one key/value head as rows. It reads the prompt's
-keys once per prompt, with 24 rows a product. Each form runs in rounds, alternating, at contexts spread over the
-decode (the prompt's length to prompt + new - 1); every form's output is checked against the engine's. The last line
-gives each form's time per decode step (depth layers, the mean over the contexts) and its ratio to the engine's."""
+keys once per prompt, with 24 rows a product. A timed call runs every layer's attention, each over its own layer's
+cache (as a decode step reads them from memory, not from the CPU's caches), at contexts spread over the decode (the
+prompt's length to prompt + new - 2: the last token drawn is never run); the forms alternate call by call. Every
+form's output is checked against the engine's first, with prompts of different padding and rows of different answer
+lengths. The last line gives each form's time per decode step and its ratio to the engine's, paired by round."""
 from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,81 +54,104 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-def median_us(fn, calls: int) -> float:
-    """Median microseconds of `calls` calls after a warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
+def inputs(prompts: int, samples: int, prompt_len: int, new: int, heads: int, kv_heads: int, head_dim: int,
+           depth: int, dtype: torch.dtype) -> dict:
+    """Every layer's queries and caches in both layouts: the engine's (each prompt's keys copied to its samples, then
+    the answers' keys, [depth, N, Hkv, P + new, D]) and the shared one (prefix [depth, B, Hkv, P, D], answers [depth,
+    N, Hkv, new, D]); q as the engine has it, a view of the rotated query and key heads. Prompt b has b % 7 pads."""
+    B, n, P, D = prompts, samples, prompt_len, head_dim
+
+    def r(*shape: int) -> Tensor:
+        return torch.randn(*shape).to(dtype)
+
+    prefix_k, prefix_v = r(depth, B, kv_heads, P, D), r(depth, B, kv_heads, P, D)
+    own_k, own_v = r(depth, B * n, kv_heads, new, D), r(depth, B * n, kv_heads, new, D)
+    prefix_mask = torch.arange(P)[None] >= (torch.arange(B) % 7)[:, None]
+    return {"q": r(depth, B * n, heads + kv_heads, 1, D)[:, :, :heads], "prefix_k": prefix_k, "prefix_v": prefix_v,
+            "own_k": own_k, "own_v": own_v, "prefix_mask": prefix_mask, "samples": n,
+            "k": torch.cat([prefix_k.repeat_interleave(n, 1), own_k], 3),
+            "v": torch.cat([prefix_v.repeat_interleave(n, 1), own_v], 3)}
+
+
+def masks(x: dict, written: int, ragged: bool = False) -> tuple[Tensor, Tensor]:
+    """(the engine's key mask [N, P + new], the answers' own [N, new]) once `written` answer tokens are in the cache
+    and this step's token is written too; ragged: row i has i % 3 fewer (a check that rows are not mixed up)."""
+    N, new = x["own_k"].size(1), x["own_k"].size(3)
+    fewer = torch.arange(N) % 3 if ragged else torch.zeros(N, dtype=torch.long)
+    own = torch.arange(new)[None] <= written - fewer[:, None]
+    return torch.cat([x["prefix_mask"].repeat_interleave(x["samples"], 0), own], 1), own
+
+
+def forms(x: dict) -> dict[str, Callable[[int, Tensor, Tensor], Tensor]]:
+    """Each form as f(layer, the engine's mask, the answers' mask): that layer's attention output [N, H, 1, D]."""
+    compiled = torch.compile(one_query_attention, dynamic=False)
+    return {"engine": lambda i, m, own: one_query_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
+            "compiled": lambda i, m, own: compiled(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
+            "SDPA": lambda i, m, own: sdpa_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
+            "shared prefix": lambda i, m, own: shared_prefix_attention(
+                x["q"][i], x["prefix_k"][i], x["prefix_v"][i], x["prefix_mask"], x["own_k"][i], x["own_v"][i], own)}
+
+
+def check(dtype: torch.dtype, **shape: int) -> None:
+    """Every form gives the engine's output (up to bf16 rounding), at 4 prompts x 16 samples, ragged rows."""
+    x = inputs(4, 16, dtype=dtype, depth=1, **shape)
+    fs = forms(x)
+    for written in (0, x["own_k"].size(3) // 2, x["own_k"].size(3) - 2):
+        m, own = masks(x, written, ragged=True)
+        ref = fs["engine"](0, m, own).float()
+        for name, f in fs.items():
+            err = (f(0, m, own).float() - ref).abs().max().item()
+            if err > (0.02 if dtype == torch.bfloat16 else 1e-4):
+                raise SystemExit(f"{name} differs from the engine's attention by {err:.3g} ({written} tokens written)")
 
 
 @app.command(help=__doc__)
 def main(dtype: str = typer.Option("bf16", help="bf16 or fp32"),
          prompts: int = typer.Option(8, help="prompts per batch"),
          samples: int = typer.Option(8, help="samples per prompt"),
-         prompt_len: int = typer.Option(42, help="tokens of every prompt (the decode bench's chat prompts: 36-42)"),
+         prompt_len: int = typer.Option(42, help="the prompts' width, padding included (the decode bench's: 36-42)"),
          new: int = typer.Option(64, help="tokens sampled per row (the cache's width is prompt_len + new)"),
          heads: int = typer.Option(9, help="query heads (SmolLM2-135M: 9)"),
          kv_heads: int = typer.Option(3, help="key/value heads (SmolLM2-135M: 3)"),
          head_dim: int = typer.Option(64, help="a head's width"),
          depth: int = typer.Option(30, help="layers: one attention each per decode step"),
          contexts: int = typer.Option(4, help="contexts timed, spread over the decode"),
-         rounds: int = typer.Option(3, help="rounds; each times every form once at every context"),
-         calls: int = typer.Option(50, help="timed calls per (form, context, round)"),
+         rounds: int = typer.Option(3, help="rounds; each times every form at every context"),
+         calls: int = typer.Option(5, help="timed calls (decode steps' attention) per form, context and round"),
          threads: int = typer.Option(2, help="torch CPU threads")) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    B, n, P, D = prompts, samples, prompt_len, head_dim
-    N, S = B * n, prompt_len + new
-
-    def r(*shape):
-        return torch.randn(*shape).to(dt)
-
-    prefix_k, prefix_v = r(B, kv_heads, P, D), r(B, kv_heads, P, D)
-    own_k, own_v = r(N, kv_heads, new, D), r(N, kv_heads, new, D)
-    q = r(N, heads, 1, D)
-    # the engine's cache: each prompt's keys copied to its samples, then the answers' keys; 3 pad tokens on the left
-    cache_k = torch.cat([prefix_k.repeat_interleave(n, 0), own_k], 2)
-    cache_v = torch.cat([prefix_v.repeat_interleave(n, 0), own_v], 2)
-    prefix_mask = torch.ones(B, P, dtype=torch.bool)
-    prefix_mask[:, :3] = False
-    compiled = torch.compile(one_query_attention, dynamic=False)
-    forms = {"engine": lambda m, own: one_query_attention(q, cache_k, cache_v, m[:, None, None]),
-             "compiled": lambda m, own: compiled(q, cache_k, cache_v, m[:, None, None]),
-             "SDPA": lambda m, own: sdpa_attention(q, cache_k, cache_v, m[:, None, None]),
-             "shared prefix": lambda m, own: shared_prefix_attention(q, prefix_k, prefix_v, prefix_mask, own_k, own_v,
-                                                                     own)}
-    points = [P + round(i * (new - 1) / max(contexts - 1, 1)) for i in range(contexts)]
-    masks = []
-    for filled in points:  # the keys written so far: the prompt's real ones, then filled - P answer tokens + this one
-        own = torch.arange(new)[None].expand(N, new) <= filled - P
-        masks.append((torch.cat([prefix_mask.repeat_interleave(n, 0), own], 1), own))
-    for m, own in masks:  # every form computes the engine's numbers
-        ref = forms["engine"](m, own).float()
-        for name, fn in forms.items():
-            err = (fn(m, own).float() - ref).abs().max().item()
-            if err > (0.02 if dt == torch.bfloat16 else 1e-4):
-                raise SystemExit(f"{name} differs from the engine's attention by {err:.3g}")
-    print(f"{dtype}, {N} rows ({B} prompts x {n} samples), {heads} query heads on {kv_heads} key/value heads of "
-          f"{D}, a {P}-token prompt, cache width {S}, contexts {points}, {threads} threads", flush=True)
-    seen: dict[str, list[float]] = {name: [] for name in forms}
+    shape = dict(prompt_len=prompt_len, new=new, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    check(dt, **shape)
+    x = inputs(prompts, samples, dtype=dt, depth=depth, **shape)
+    fs = forms(x)
+    points = [round(i * (new - 2) / max(contexts - 1, 1)) for i in range(contexts)]
+    print(f"{dtype}, {prompts * samples} rows ({prompts} prompts x {samples} samples), {heads} query heads on "
+          f"{kv_heads} key/value heads of {head_dim}, {depth} layers, a {prompt_len}-token prompt, cache width "
+          f"{prompt_len + new}, answer tokens written {points}, {threads} threads", flush=True)
+    per_round: dict[str, list[float]] = {name: [] for name in fs}
     for rnd in range(rounds):
-        line = []
-        for name, fn in forms.items():
-            us = statistics.mean(median_us(lambda: fn(m, own), calls) for m, own in masks)
-            seen[name].append(us)
-            line.append(f"{name} {us:.0f} us")
-        print(f"round {rnd + 1}: " + ", ".join(line), flush=True)
-    engine = statistics.median(seen["engine"])
-    summary = [f"{name} {statistics.median(v) * depth / 1e3:.1f} ms ({statistics.median(v) / engine:.2f}x)"
-               for name, v in seen.items()]
-    print(f"decode_attention ({dtype}): per decode step of {depth} layers, " + ", ".join(summary) +
-          f" (n = {rounds})")
+        times: dict[str, list[float]] = {name: [] for name in fs}
+        for written in points:
+            m, own = masks(x, written)
+            for c in range(calls + 1):  # the first call of each form warms up
+                for name, f in fs.items():
+                    t = time.perf_counter()
+                    for layer in range(depth):
+                        f(layer, m, own)
+                    if c:
+                        times[name].append(time.perf_counter() - t)
+        for name, v in times.items():
+            per_round[name].append(statistics.median(v) * 1e3)
+        print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in per_round.items()), flush=True)
+    summary = []
+    for name, v in per_round.items():
+        ratio = [a / b for a, b in zip(v, per_round["engine"])]
+        summary.append(f"{name} {statistics.median(v):.1f} ms ({statistics.median(ratio):.2f}x, "
+                       f"{min(ratio):.2f}-{max(ratio):.2f})")
+    print(f"decode_attention ({dtype}): a decode step's attention, {depth} layers: " + ", ".join(summary) +
+          f" (n = {rounds}; ratios to the engine paired by round)")
 
 
 if __name__ == "__main__":
