@@ -162,6 +162,12 @@ def real_width(mask: Tensor) -> Tensor:
         else mask.new_zeros(mask.size(0), dtype=torch.long)
 
 
+def last_real(mask: Tensor) -> Tensor:
+    """[N]: each row's highest index where mask [N, T] is nonzero (a left- or right-padded row's last real token; 0 for
+    an empty row)."""
+    return (real_width(mask) - 1).clamp(min=0)
+
+
 def continuation_hidden(model: GPT, prompts: list[list[int]] | Tensor, tokens: Tensor, prompt_index: Tensor,
                         pad_id: int = 0, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Hidden states of prompt + completion rows, each prompt computed once: (the prompt's last state [N, C],
@@ -248,7 +254,7 @@ def sequence_logprobs(model: GPT, prompts: list[list[int]] | Tensor, tokens: Ten
         last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id)
         hidden = torch.cat([last[:, None], hidden], 1)  # the states that predict completion tokens 0 .. T-1
     else:  # only the masked-in tokens are run (rows grouped by length)
-        lengths = (real_width(mask > 0) - 1).clamp(min=0)  # the states needed: up to the token before the last real
+        lengths = last_real(mask > 0)  # the states needed: up to the token before the last real
         last, hidden = continuation_hidden(model, prompts, tokens[:, :-1], prompt_index, pad_id, lengths)
         hidden = torch.cat([last[:, None], hidden], 1)
     if mask is None:

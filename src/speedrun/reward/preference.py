@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.common import SPLITS, UserError, read_json, read_parquet, require_values, torch_load
-from speedrun.engine import continuation_hidden, sequence_logprobs
+from speedrun.engine import continuation_hidden, last_real, sequence_logprobs
 from speedrun.model import GPT
 from speedrun.tokenizer import Tokenizer, cut_prompt
 from speedrun.train.checkpoint import Config, build, model_config
@@ -31,11 +31,6 @@ REQUIRED_COLUMNS = ("id", "prompt_id", "split", "src", "prompt", "chosen", "reje
 
 
 POOLS = ("last", "mean")
-
-
-def last_real(mask: Tensor) -> Tensor:
-    """Each row's highest index where mask [B, T] is True (a left- or right-padded row's last real token)."""
-    return (mask.long() * torch.arange(1, mask.size(1) + 1, device=mask.device)).argmax(1)
 
 
 class RewardModel(nn.Module):
