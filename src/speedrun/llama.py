@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, one_query_attention, rotary, trunk_blocks
+from speedrun.kernels import fused_rms_norm, fused_silu_mul
 from speedrun.packed import fused
 from speedrun.shapes import record
 
@@ -117,9 +118,10 @@ class SwiGLU(nn.Module):
         self.up = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
         self.down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, decoding: bool = False) -> Tensor:
         gate, up = fused(self, "packed_gate_up", x) or (self.gate(x), self.up(x))
-        return self.down(F.silu(gate) * up)
+        h = fused_silu_mul(gate, up) if decoding else None  # a decode step: one pass (speedrun.kernels)
+        return self.down(F.silu(gate) * up if h is None else h)
 
 
 class RMSNorm(nn.Module):
@@ -127,8 +129,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
 
-    def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps)
+    def forward(self, x: Tensor, decoding: bool = False) -> Tensor:
+        y = fused_rms_norm(x, self.weight, self.eps) if decoding else None  # a decode step: one pass
+        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps) if y is None else y
 
 
 class LlamaBlock(nn.Module):
@@ -138,8 +141,9 @@ class LlamaBlock(nn.Module):
         self.mlp_norm, self.mlp = RMSNorm(config.n_embd, config.norm_eps), SwiGLU(config)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv_cache)
-        return x + self.mlp(self.mlp_norm(x))
+        decoding = x.size(1) == 1 and type(kv_cache) is KVCache  # the fused CPU kernels where they apply
+        x = x + self.attn(self.attn_norm(x, decoding), cos, sin, mask, kv_cache)
+        return x + self.mlp(self.mlp_norm(x, decoding), decoding)
 
 
 class Llama(nn.Module):

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.kernels import fused_decode_attention
 from speedrun.shapes import record, round_up, width_step
 
 
@@ -162,10 +163,19 @@ def attention_inputs(idx: Tensor, key_mask: Tensor | None, positions: Tensor | N
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """Attention of one query per row, q [B, H, 1, D], over keys and values k, v [B, Hkv, S, D] (H a multiple of Hkv:
-    grouped-query), mask [B, 1, 1, S] bool (True: attended) or None: [B, H, 1, D]. Two batched matmuls with a
-    key/value head's query heads side by side (no copy of the cache per query head), the softmax in fp32. Why: on a
-    CPU, SDPA's kernel is tiled for long queries and took about 1 ms a call at a 64-row decode of SmolLM2 (30 calls
-    a token: as long as the step's matmuls)."""
+    grouped-query), mask [B, 1, 1, S] bool (True: attended) or None: [B, H, 1, D]. On a CPU the compiled kernel
+    (speedrun.kernels: one pass over the cache, fp32 inside), else batched_attention. Why not SDPA: on a CPU its
+    kernel is tiled for long queries and took about 1 ms a call at a 64-row decode of SmolLM2 (30 calls a token)."""
+    B, H, _, D = q.shape
+    Hkv = k.size(1)
+    valid = mask.reshape(B, -1) if mask is not None else torch.ones(B, k.size(2), dtype=torch.bool, device=k.device)
+    y = fused_decode_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, valid)
+    return batched_attention(q, k, v, mask) if y is None else y.reshape(B, H, 1, D)
+
+
+def batched_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """one_query_attention as two batched matmuls with a key/value head's query heads side by side (no copy of the
+    cache per query head), the softmax in fp32."""
     B, H, _, D = q.shape
     Hkv = k.size(1)
     scores = (q.reshape(B, Hkv, H // Hkv, D) @ k.transpose(-1, -2)).float() * D ** -0.5  # [B, Hkv, G, S]
