@@ -40,7 +40,8 @@ def imported_files(path: Path) -> set[Path]:
     return out
 
 
-COMPANIONS = {SRC / "speedrun" / "kernels.py": {SRC / "speedrun" / "cpu_kernels.cpp"}}  # source a module builds
+COMPANIONS = {SRC / "speedrun" / "kernels.py": {SRC / "speedrun" / f for f in  # the C++ a module builds
+                                                ("cpu_attention.cpp", "cpu_kernels.cpp", "cpu_kernels.h")}}
 
 
 def transitive(path: Path) -> set[Path]:
@@ -98,7 +99,7 @@ def test_the_checker_sees_indirect_imports():
     files = {f.relative_to(REPO).as_posix() for f in transitive(REPO / "stages/grpo.py")}
     # stages/grpo.py -> speedrun.rl.trainer -> speedrun.engine -> speedrun.model
     assert {"stages/grpo.py", "src/speedrun/rl/trainer.py", "src/speedrun/engine.py", "src/speedrun/model.py",
-            "src/speedrun/cpu_kernels.cpp"} <= files  # and the C++ source speedrun.kernels builds
+            "src/speedrun/cpu_kernels.cpp", "src/speedrun/cpu_attention.cpp", "src/speedrun/cpu_kernels.h"} <= files
 
 
 def test_the_committed_lock_names_only_stages_of_dvc_yaml(tmp_path):

@@ -1,17 +1,20 @@
-"""The compiled CPU kernels (speedrun.kernels): the same sums as PyTorch's ops, masked keys unread, results that do not
-depend on the thread count, clear errors on bad input, and the Llama's decode using them."""
+"""The compiled CPU kernels (speedrun.kernels): the same sums as PyTorch's ops (the same bits where the kernel claims
+them: the residual add, the norm's rounding to the next product's dtype, the draw), masked keys unread, results that do
+not depend on the thread count, clear errors on bad input, and the Llama's decode using them."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import speedrun.kernels as kernels
 from speedrun.engine import generate
-from speedrun.kernels import fused_decode_attention, fused_rms_norm, fused_silu_mul, kernels_built
-from speedrun.model import batched_attention, one_query_attention
-from test_engine import PROMPTS, tiny_llama
+from speedrun.kernels import (fused_add_rms_norm, fused_cdf_search, fused_decode_attention, fused_rms_norm,
+                              fused_rotary_cache, fused_silu_mul, kernels_built)
+from speedrun.model import apply_rotary, batched_attention, one_query_attention, rotary
+from test_engine import PROMPTS, tiny, tiny_llama
 
 torch.set_num_threads(1)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: the products path rounds its scores and weights to bf16
+ONE_ROUNDING = {torch.float32: 1e-6, torch.bfloat16: 2 ** -7}  # fp32 math rounded once to the dtype (bf16: 8 bits)
 
 
 def test_the_kernels_build_here():
@@ -47,12 +50,16 @@ def test_decode_attention_matches_the_batched_products(dtype, D, G, S):
 def test_kernels_give_the_same_bits_on_one_thread_and_on_two():
     q, k, v, valid = attention_inputs(16, 3, 3, 70, 64, torch.bfloat16)
     x, gate, up = torch.randn(64, 1, 576), torch.randn(64, 1, 1536).bfloat16(), torch.randn(64, 1, 1536).bfloat16()
-    w = torch.randn(576)
+    w, r = torch.randn(576), torch.randn(64, 1, 576).bfloat16()
+    qkv, cos, sin, k_cache, v_cache = rotary_inputs(64, 9, 3, 64, 40, torch.bfloat16)
+    probs, u = torch.randn(64, 4099).mul(4).softmax(-1), torch.rand(64)
     outs = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
         outs.append((one_query_attention(q, k, v, valid[:, None, None]), fused_rms_norm(x, w, 1e-5),
-                     fused_silu_mul(gate, up)))
+                     fused_silu_mul(gate, up), *fused_add_rms_norm(x, r, w, 1e-5, torch.bfloat16),
+                     fused_rotary_cache(*qkv, cos, sin, k_cache, v_cache, 7), k_cache[:, :, 7].clone(),
+                     fused_cdf_search(probs, u)))
     torch.set_num_threads(1)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
 
@@ -69,6 +76,78 @@ def test_rms_norm_and_silu_mul_match_torch(dtype):
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
     gate[0, 0, 0] = float("nan")
     assert fused_silu_mul(gate, up)[0, 0, 0].isnan()  # a NaN stays a NaN (the bf16 rounding keeps it)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_gives_the_bits_of_the_add_and_the_norm_it_replaces(dtype):
+    x, w = torch.randn(9, 1, 576).to(dtype), torch.randn(576)
+    for r in (torch.randn(9, 1, 576).bfloat16(), torch.randn(9, 1, 576)):  # autocast's bf16 branch, an fp32 one
+        if dtype == torch.bfloat16 and r.dtype == torch.float32:
+            continue
+        total, normed = fused_add_rms_norm(x, r, w, 1e-5)
+        assert total.dtype == dtype and torch.equal(total, x + r)
+        assert torch.equal(normed, fused_rms_norm(x + r, w, 1e-5))
+        _, into_bf16 = fused_add_rms_norm(x, r, w, 1e-5, torch.bfloat16)  # as autocast would cast it for the product
+        assert torch.equal(into_bf16, fused_rms_norm(x + r, w, 1e-5).bfloat16())
+    assert torch.equal(fused_rms_norm(x, w, 1e-5, torch.bfloat16), fused_rms_norm(x, w, 1e-5).bfloat16())
+
+
+def rotary_inputs(B: int, H: int, Hkv: int, D: int, W: int, dtype: torch.dtype, seed: int = 0):
+    """((q, k, v): a decode step's projections as views of one packed product [B, 1, (H + 2 Hkv) D]), cos, sin [B,
+    1, 1, D / 2] at each row's own position, and a layer's caches [B, Hkv, W, D] holding NaN (unwritten)."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randn(B, 1, (H + 2 * Hkv) * D, generator=g).to(dtype)
+    cos, sin = (t.to(dtype) for t in rotary(torch.randint(0, 300, (B, 1), generator=g), D))
+    caches = [torch.full((B, Hkv, W, D), float("nan"), dtype=dtype) for _ in range(2)]
+    return packed.split([H * D, Hkv * D, Hkv * D], -1), cos, sin, *caches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_cache_rotates_as_apply_rotary_and_writes_one_column(dtype):
+    B, H, Hkv, D, W, pos = 5, 6, 2, 32, 11, 4
+    (q, k, v), cos, sin, k_cache, v_cache = rotary_inputs(B, H, Hkv, D, W, dtype)
+    got = fused_rotary_cache(q, k, v, cos, sin, k_cache, v_cache, pos)
+    heads = [t.reshape(B, 1, n, D).transpose(1, 2).float() for t, n in ((q, H), (k, Hkv), (v, Hkv))]
+    want_q, want_k = (apply_rotary(t, cos.float(), sin.float()) for t in heads[:2])
+    assert got.dtype == dtype and got.shape == (B, H, D)
+    tol = dict(atol=ONE_ROUNDING[dtype], rtol=ONE_ROUNDING[dtype])
+    torch.testing.assert_close(got.float(), want_q[:, :, 0], **tol)
+    torch.testing.assert_close(k_cache[:, :, pos].float(), want_k[:, :, 0], **tol)
+    assert torch.equal(v_cache[:, :, pos].float(), heads[2][:, :, 0])  # the values copied as they are
+    others = [c for c in range(W) if c != pos]
+    assert k_cache[:, :, others].isnan().all() and v_cache[:, :, others].isnan().all()  # no other column touched
+    one_table = fused_rotary_cache(q, k, v, cos[:1], sin[:1], k_cache, v_cache, pos)  # one position for every row
+    torch.testing.assert_close(one_table.float(), apply_rotary(heads[0], cos[:1].float(), sin[:1].float())[:, :, 0],
+                               **tol)
+
+
+def test_silu_mul_reads_the_views_of_a_packed_product():
+    gate, up = torch.randn(8, 1, 3 * 48).bfloat16().mul(5).split([48, 96], -1)  # rows at a stride of 144
+    up = up[..., :48]
+    assert torch.equal(fused_silu_mul(gate, up), fused_silu_mul(gate.contiguous(), up.contiguous()))
+
+
+@pytest.mark.parametrize("N,V", [(64, 49152), (13, 4099), (9, 37), (3, 5)])
+def test_cdf_search_draws_the_index_searchsorted_over_cumsum_draws(N, V):
+    g = torch.Generator().manual_seed(V)
+    for scale, masked in ((1.0, False), (12.0, False), (3.0, True)):  # flat, peaked, and with masked tokens
+        logprobs = (torch.randn(N, V, generator=g) * scale).log_softmax(-1)
+        if masked:
+            logprobs[:, ::3] = float("-inf")
+        probs, u = logprobs.exp(), torch.rand(N, generator=g)
+        u[:2] = torch.tensor([0.0, 1 - 2 ** -24])  # the ends of [0, 1)
+        cdf = probs.cumsum(-1)  # the engine's draw before the kernel (speedrun.decode._draw)
+        want = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=V - 1)
+        assert torch.equal(fused_cdf_search(probs, u), want)
+
+
+def test_the_sampled_draws_are_the_bits_of_the_torch_path(monkeypatch):
+    model = tiny(vocab=300)
+    with torch.no_grad():
+        fused = generate(model, PROMPTS, num_samples=4, max_new_tokens=12, generator=torch.Generator().manual_seed(3))
+        monkeypatch.setattr(kernels, "_kernels", lambda *t: None)
+        plain = generate(model, PROMPTS, num_samples=4, max_new_tokens=12, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(fused.tokens, plain.tokens) and torch.equal(fused.logprobs, plain.logprobs)
 
 
 def test_the_kernels_stand_aside_where_they_do_not_apply():
@@ -93,6 +172,15 @@ def test_bad_input_names_the_kernel_and_what_is_wrong():
         ops.rms_norm(q, torch.ones(15), 1e-5)
     with pytest.raises(RuntimeError, match="silu_mul: gate and up"):
         ops.silu_mul(q, q[:1])
+    with pytest.raises(RuntimeError, match="add_rms_norm: the residual branch"):
+        ops.add_rms_norm(q, q[:1], torch.ones(16), 1e-5)
+    (qp, kp, vp), cos, sin, k_cache, v_cache = rotary_inputs(2, 2, 1, 16, 4, torch.float32)
+    with pytest.raises(RuntimeError, match="rotary_cache: column 4 outside the caches' 4"):
+        ops.rotary_cache(qp, kp, vp, cos.reshape(2, 8), sin.reshape(2, 8), k_cache, v_cache, 4)
+    with pytest.raises(RuntimeError, match="rotary_cache: CPU tensors of one dtype"):
+        ops.rotary_cache(qp, kp, vp, cos.reshape(2, 8), sin.reshape(2, 8), k_cache.bfloat16(), v_cache, 0)
+    with pytest.raises(RuntimeError, match="cdf_search: contiguous fp32"):
+        ops.cdf_search(torch.rand(2, 5).double(), torch.rand(2).double())
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -111,5 +199,6 @@ def test_a_llama_decodes_through_the_kernels_with_the_same_tokens(family, monkey
         used = len(ran)
         monkeypatch.setattr(kernels, "_kernels", lambda *t: None)  # PyTorch's ops for the same decode
         plain = generate(model, PROMPTS, num_samples=2, max_new_tokens=8, temperature=0.0)
-    assert used >= 7 * 2 * 3  # every decode step: each block's two norms, its attention and its SwiGLU
+    assert used >= 7 * 2 * 4  # every decode step: each block's two norms, its attention and its SwiGLU (and where no
+    # head norm sits between the projection and the rotary, the rotary and the cache write)
     assert torch.equal(fused.tokens, plain.tokens)

@@ -1,317 +1,300 @@
-// The CPU kernels of a decode step (speedrun.kernels), each one pass in fp32 over fp32 or bf16 tensors:
-// - decode_attention: for each (row, key/value head), its query heads' scores over the cache, their softmax and the
-//   values' weighted sum; masked keys take no weight. PyTorch's batched products, casts, mask and softmax for this
-//   (one query row per head over a ~100-key cache) cost about twice the time it takes to read the cache.
-// - rms_norm, silu_mul: a Llama's RMSNorm and its SwiGLU's silu(gate) * up, where PyTorch runs 7 and 2 ops
-//   (silu_mul runs PyTorch's two where the build has no AVX512: its loop was slower there).
+// The CPU kernels of a decode step besides its attention (cpu_attention.cpp; speedrun.kernels builds both), each one
+// pass in fp32 over fp32 or bf16 tensors:
+// - rotary_cache: a decode step's rotary on its query and key heads, and the write of its keys and values into the
+//   layer's cache, where PyTorch runs about 15 small ops (139 us a layer at 64 rows of SmolLM2).
+// - rms_norm, add_rms_norm, silu_mul: a Llama's RMSNorm (after its residual add, the output in the dtype the next
+//   product takes) and its SwiGLU's silu(gate) * up, where PyTorch runs 7-9 and 2 ops (silu_mul runs PyTorch's two
+//   where the build has no AVX512: its loop was slower there).
+// - cdf_search: a draw's inverse CDF, the same index as searchsorted(exp(logprobs).cumsum(-1), u * total) (the sums in
+//   fp64 one term after another, as PyTorch's cumsum takes them) without writing the CDF, 8 rows side by side.
 // A thread computes whole rows (or (row, head) pairs), so results do not depend on the thread count.
 #include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <cstring>
-#include <type_traits>
+#include <algorithm>
+#include <optional>
+#include <tuple>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+
+#include "cpu_kernels.h"
 
 namespace {
+using namespace speedrun_kernels;
 
-// The loops below read and write bf16 as its 16 bits (uint16_t): a loop over c10::BFloat16 the compiler does not
-// vectorize. raw(): a tensor's data as such.
-template <typename T>
-T* raw(const at::Tensor& t) {
-  if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
-  else return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>());
-}
-
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t x) {  // bf16: its 16 bits are fp32's high half
-  const uint32_t b = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-// x rounded to T: for bf16 to nearest even (a NaN stays a NaN), as c10::BFloat16(x) rounds, in integer steps the
-// compiler vectorizes
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  *p = (b & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0 : static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-
-// exp(x), x clamped to [-87, 88]: Cephes' polynomial for expf, which the compiler vectorizes (std::exp it does not)
-inline float exp_clamped(float x) {
-  x = x < -87.f ? -87.f : x;  // selects the compiler vectorizes (built with -fno-trapping-math: speedrun.kernels)
-  x = x > 88.f ? 88.f : x;
-  // x = n ln 2 + r, |r| <= ln 2 / 2: n rounded by adding and taking away 1.5 x 2^23 (std::floor would keep the
-  // compiler from vectorizing the loop)
-  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float two_n;
-  std::memcpy(&two_n, &bits, 4);
-  return p * two_n;
-}
-
-// scores[0, S) of one query head -> its softmax weights (masked keys 0); returns the weights' sum
-inline float softmax_weights(float* scores, const bool* valid, int64_t S) {
-  float mx = -INFINITY;
-  for (int64_t s = 0; s < S; ++s) mx = valid[s] && scores[s] > mx ? scores[s] : mx;
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t s = 0; s < S; ++s) {
-    const float e = valid[s] ? exp_clamped(scores[s] - mx) : 0.f;
-    scores[s] = e;
-    sum += e;
-  }
-  return sum;
-}
-
-// one (row, key/value head): q [G, D], k and v [S, D], valid [S] -> y [G, D]; any head width
-template <typename T>
-void attend(const T* q, const T* k, const T* v, const bool* valid, T* y, int64_t G, int64_t S, int64_t D, float scale,
-            float* scores, float* qf, float* acc) {
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t d = 0; d < D; ++d) qf[d] = to_float(q[g * D + d]) * scale;
-    for (int64_t s = 0; s < S; ++s) {
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qf[d] * to_float(k[s * D + d]);
-      scores[s] = dot;
+// RMSNorm of rows [begin, end) of x [R, C] with weight w [C] (fp32), into y of type U; the mean square in fp32. With
+// r (the residual branch's output): of x + r instead, the sum rounded to x's type and written to s, as PyTorch's add
+template <typename T, typename R, typename U>
+void rms_range(const T* __restrict x, const R* __restrict r, T* __restrict s, const float* __restrict w,
+               U* __restrict y, int64_t C, float eps, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T* xr = x + i * C;
+    if (r != nullptr) {
+      for (int64_t c = 0; c < C; ++c) store(s + i * C + c, to_float(xr[c]) + to_float(r[i * C + c]));
+      xr = s + i * C;
     }
-    const float inv = 1.f / softmax_weights(scores, valid, S);
-    std::fill(acc, acc + D, 0.f);
-    for (int64_t s = 0; s < S; ++s)
-      if (valid[s])
-        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * to_float(v[s * D + d]);
-    for (int64_t d = 0; d < D; ++d) store(y + g * D + d, acc[d] * inv);
-  }
-}
-
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {  // bf16 -> fp32: the 16 bits become the high half
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-
-// lane j of the result: the sum of v[j]'s 16 lanes. Four levels, each adding the two halves of a pair's partial sums
-// laid side by side: 45 instructions for 16 sums, where one horizontal sum each would take about 8.
-inline __m512 sum16(__m512* v) {
-  const __m512i lo[4] = {_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
-                         _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
-                         _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
-                         _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)};
-  for (int level = 0, n = 16; level < 4; ++level, n /= 2) {
-    const __m512i hi = _mm512_add_epi32(lo[level], _mm512_set1_epi32(8 >> level));
-    for (int i = 0; i < n / 2; ++i)
-      v[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[2 * i], lo[level], v[2 * i + 1]),
-                           _mm512_permutex2var_ps(v[2 * i], hi, v[2 * i + 1]));
-  }
-  return v[0];
-}
-
-#if defined(__AVX512BF16__)
-// a bf16 query head's scores over keys k [S, D] with AVX512-BF16's pairwise dot products (no conversion to fp32: the
-// products are exact, their sums fp32), 16 keys at a time; D = 32 x NP
-template <int NP>
-void scores_bf16(const uint16_t* q, const uint16_t* k, int64_t S, float scale, float* scores) {
-  constexpr int D = 32 * NP;
-  __m512bh qv[NP];
-  for (int c = 0; c < NP; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
-  const __m512 sc = _mm512_set1_ps(scale);
-  int64_t s = 0;
-  for (; s + 16 <= S; s += 16) {
-    __m512 dots[16];
-    for (int j = 0; j < 16; ++j) {
-      dots[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(k + (s + j) * D));
-      for (int c = 1; c < NP; ++c)
-        dots[j] = _mm512_dpbf16_ps(dots[j], qv[c], (__m512bh)_mm512_loadu_si512(k + (s + j) * D + 32 * c));
-    }
-    _mm512_storeu_ps(scores + s, _mm512_mul_ps(sum16(dots), sc));
-  }
-  for (; s < S; ++s) {
-    __m512 dot = _mm512_setzero_ps();
-    for (int c = 0; c < NP; ++c) dot = _mm512_dpbf16_ps(dot, qv[c], (__m512bh)_mm512_loadu_si512(k + s * D + 32 * c));
-    scores[s] = _mm512_reduce_add_ps(dot) * scale;
-  }
-}
-#endif
-
-// attend() with 16-lane vectors and the head width fixed (NC chunks of 16): a query head and a value row sit in
-// registers; the (row, head)'s keys and values (~14 KB at SmolLM2's shapes) stay in L1 across its query heads
-template <typename T, int NC>
-void attend16(const T* q, const T* k, const T* v, const bool* valid, T* y, int64_t G, int64_t S, float scale,
-              float* scores) {
-  constexpr int D = 16 * NC;
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 qv[NC], acc[NC];
-    for (int c = 0; c < NC; ++c) qv[c] = _mm512_mul_ps(load16(q + g * D + 16 * c), _mm512_set1_ps(scale));
-    int64_t s = 0;
-#if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, uint16_t> && NC % 2 == 0) {
-      scores_bf16<NC / 2>(q + g * D, k, S, scale, scores);
-      s = S;
-    }
-#endif
-    for (; s + 16 <= S; s += 16) {  // 16 keys at a time, masked ones too (their weight is 0 below)
-      __m512 dots[16];
-      for (int j = 0; j < 16; ++j) {
-        dots[j] = _mm512_mul_ps(qv[0], load16(k + (s + j) * D));
-        for (int c = 1; c < NC; ++c) dots[j] = _mm512_fmadd_ps(qv[c], load16(k + (s + j) * D + 16 * c), dots[j]);
-      }
-      _mm512_storeu_ps(scores + s, sum16(dots));
-    }
-    for (; s < S; ++s) {
-      __m512 dot = _mm512_mul_ps(qv[0], load16(k + s * D));
-      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k + s * D + 16 * c), dot);
-      scores[s] = _mm512_reduce_add_ps(dot);
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / softmax_weights(scores, valid, S));
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
-    for (s = 0; s < S; ++s) {
-      if (!valid[s]) continue;  // skipped, not weighted 0: an unwritten column may hold anything
-      const __m512 p = _mm512_set1_ps(scores[s]);
-      for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, load16(v + s * D + 16 * c), acc[c]);
-    }
-    alignas(64) float out[D];
-    for (int c = 0; c < NC; ++c) _mm512_store_ps(out + 16 * c, _mm512_mul_ps(acc[c], inv));
-    for (int d = 0; d < D; ++d) store(y + g * D + d, out[d]);
-  }
-}
-#endif
-
-template <typename T>
-void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& valid, at::Tensor& y,
-         float scale) {
-  const int64_t H = q.size(1), G = q.size(2), D = q.size(3), S = k.size(2);
-  const T *qp = raw<T>(q), *kp = raw<T>(k), *vp = raw<T>(v);
-  const bool* mp = valid.data_ptr<bool>();
-  T* yp = raw<T>(y);
-  at::parallel_for(0, q.size(0) * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(S), qf(D), acc(D);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      // only the keys from the row's first attended one to its last: not its left padding, nor the cache's columns
-      // not yet written (a decode's cache is as wide as its last token's context)
-      const bool* mb = mp + (bh / H) * S;
-      int64_t lo = 0, hi = S;
-      while (lo < hi && !mb[lo]) ++lo;
-      while (hi > lo && !mb[hi - 1]) --hi;
-      const T *qb = qp + bh * G * D, *kb = kp + (bh * S + lo) * D, *vb = vp + (bh * S + lo) * D;
-      T* yb = yp + bh * G * D;
-      mb += lo;
-#if defined(__AVX512F__)
-      if (D == 64) { attend16<T, 4>(qb, kb, vb, mb, yb, G, hi - lo, scale, scores.data()); continue; }
-      if (D == 128) { attend16<T, 8>(qb, kb, vb, mb, yb, G, hi - lo, scale, scores.data()); continue; }
-      if (D == 32) { attend16<T, 2>(qb, kb, vb, mb, yb, G, hi - lo, scale, scores.data()); continue; }
-      if (D == 16) { attend16<T, 1>(qb, kb, vb, mb, yb, G, hi - lo, scale, scores.data()); continue; }
-#endif
-      attend(qb, kb, vb, mb, yb, G, hi - lo, D, scale, scores.data(), qf.data(), acc.data());
-    }
-  });
-}
-
-// q [B, Hkv, G, D]: each key/value head's G query heads; k, v [B, Hkv, S, D]; valid [B, S] (True: attended)
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& valid,
-                            double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && valid.dim() == 2,
-              "decode_attention: q [B, Hkv, G, D], k and v [B, Hkv, S, D], valid [B, S]");
-  const int64_t B = q.size(0), S = k.size(2);
-  TORCH_CHECK(k.size(0) == B && k.size(1) == q.size(1) && k.size(3) == q.size(3) && valid.size(0) == B &&
-              valid.size(1) == S, "decode_attention: q, k, v and valid disagree on rows, heads, width or keys");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && valid.is_contiguous(),
-              "decode_attention: inputs must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
-              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && valid.scalar_type() == at::kBool,
-              "decode_attention: q, k, v all fp32 or all bf16, valid bool");
-  TORCH_CHECK(q.device().is_cpu(), "decode_attention: a CPU kernel");
-  at::Tensor y = at::empty_like(q);
-  if (q.scalar_type() == at::kFloat) run<float>(q, k, v, valid, y, static_cast<float>(scale));
-  else run<uint16_t>(q, k, v, valid, y, static_cast<float>(scale));
-  return y;
-}
-
-// RMSNorm of rows [begin, end) of x [R, C] with weight w [C] (fp32), in x's dtype; the mean square in fp32
-template <typename T>
-void rms_range(const T* __restrict x, const float* __restrict w, T* __restrict y, int64_t C, float eps,
-               int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    const T* xr = x + r * C;
     float ss = 0;
 #pragma omp simd reduction(+ : ss)
     for (int64_t c = 0; c < C; ++c) ss += to_float(xr[c]) * to_float(xr[c]);
     const float inv = 1.f / std::sqrt(ss / C + eps);
-    for (int64_t c = 0; c < C; ++c) store(y + r * C + c, to_float(xr[c]) * inv * w[c]);
+    for (int64_t c = 0; c < C; ++c) store(y + i * C + c, to_float(xr[c]) * inv * w[c]);
   }
 }
 
-template <typename T>
-void rms_rows(const T* x, const float* w, T* y, int64_t R, int64_t C, float eps) {
-  at::parallel_for(0, R, 16, [=](int64_t begin, int64_t end) { rms_range(x, w, y, C, eps, begin, end); });
+template <typename T, typename R, typename U>
+void rms_rows(const at::Tensor& x, const at::Tensor* r, at::Tensor& s, const at::Tensor& w, at::Tensor& y, float eps) {
+  const int64_t C = x.size(-1), rows = x.numel() / C;
+  const T* xp = raw<T>(x);
+  const R* rp = r ? raw<R>(*r) : nullptr;
+  T* sp = r ? raw<T>(s) : nullptr;
+  const float* wp = w.data_ptr<float>();
+  U* yp = raw<U>(y);
+  at::parallel_for(0, rows, 16, [=](int64_t begin, int64_t end) { rms_range(xp, rp, sp, wp, yp, C, eps, begin, end); });
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rms_out(const at::Tensor& x, const at::Tensor& weight, std::optional<at::ScalarType> dtype) {
+  TORCH_CHECK(x.dim() > 0 && x.size(-1) > 0, "rms_norm: rows of at least one value");
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && x.device().is_cpu(), "rms_norm: contiguous CPU tensors");
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 1 && x.size(-1) == weight.size(0),
               "rms_norm: an fp32 weight as wide as x's last dimension");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "rms_norm: x fp32 or bf16");
-  TORCH_CHECK(x.dim() > 0 && x.size(-1) > 0, "rms_norm: rows of at least one value");
-  at::Tensor y = at::empty_like(x);
-  const int64_t C = x.size(-1), R = x.numel() / C;
-  if (x.scalar_type() == at::kFloat)
-    rms_rows(raw<float>(x), weight.data_ptr<float>(), raw<float>(y), R, C, static_cast<float>(eps));
-  else
-    rms_rows(raw<uint16_t>(x), weight.data_ptr<float>(), raw<uint16_t>(y), R, C, static_cast<float>(eps));
+  const at::ScalarType out = dtype.value_or(x.scalar_type());
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+              (out == at::kFloat || out == at::kBFloat16), "rms_norm: x and the output fp32 or bf16");
+  return at::empty(x.sizes(), x.options().dtype(out));
+}
+
+template <typename R>
+void rms_dispatch(const at::Tensor& x, const at::Tensor* r, at::Tensor& s, const at::Tensor& w, at::Tensor& y,
+                  double eps) {
+  const float e = static_cast<float>(eps);
+  if (x.scalar_type() == at::kFloat) {
+    if (y.scalar_type() == at::kFloat) rms_rows<float, R, float>(x, r, s, w, y, e);
+    else rms_rows<float, R, uint16_t>(x, r, s, w, y, e);
+  } else {
+    if (y.scalar_type() == at::kFloat) rms_rows<uint16_t, R, float>(x, r, s, w, y, e);
+    else rms_rows<uint16_t, R, uint16_t>(x, r, s, w, y, e);
+  }
+}
+
+// x's RMSNorm, in dtype (else x's)
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, std::optional<at::ScalarType> dtype) {
+  at::Tensor y = rms_out(x, weight, dtype), none;
+  rms_dispatch<float>(x, nullptr, none, weight, y, eps);
   return y;
 }
 
-// silu(gate) * up of a SwiGLU over [begin, end), in their dtype, rounded once (pointers as arguments, not captured:
-// the compiler vectorizes a loop over restrict arguments)
+// (x + r in x's dtype, its RMSNorm in dtype, else x's): a residual add and the next norm in one pass
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& r, const at::Tensor& weight,
+                                                double eps, std::optional<at::ScalarType> dtype) {
+  at::Tensor y = rms_out(x, weight, dtype), s = at::empty_like(x);
+  TORCH_CHECK(r.sizes() == x.sizes() && r.is_contiguous() && r.device().is_cpu() &&
+              (r.scalar_type() == at::kFloat || r.scalar_type() == at::kBFloat16),
+              "add_rms_norm: the residual branch a contiguous fp32 or bf16 CPU tensor of x's shape");
+  if (r.scalar_type() == at::kFloat) rms_dispatch<float>(x, &r, s, weight, y, eps);
+  else rms_dispatch<uint16_t>(x, &r, s, weight, y, eps);
+  return {s, y};
+}
+
+// one head's rotary (speedrun.model.apply_rotary: the first half times cos plus the second times sin, the second
+// times cos minus the first times sin) in fp32, rounded once
 template <typename T>
-void silu_mul_range(const T* __restrict g, const T* __restrict u, T* __restrict y, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) {
-    const float a = to_float(g[i]);
-    store(y + i, a / (1.f + exp_clamped(-a)) * to_float(u[i]));
+inline void rotate(const T* __restrict x, const T* __restrict c, const T* __restrict sn, T* __restrict y,
+                   int64_t half) {
+  for (int64_t d = 0; d < half; ++d) {
+    const float x1 = to_float(x[d]), x2 = to_float(x[d + half]), cd = to_float(c[d]), sd = to_float(sn[d]);
+    store(y + d, x1 * cd + x2 * sd);
+    store(y + d + half, x2 * cd - x1 * sd);
   }
 }
 
 template <typename T>
-void silu_mul_rows(const T* g, const T* u, T* y, int64_t n) {
-  at::parallel_for(0, n, 4096, [=](int64_t begin, int64_t end) { silu_mul_range(g, u, y, begin, end); });
+void rotary_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                 const at::Tensor& sin, const at::Tensor& kc, const at::Tensor& vc, int64_t pos, at::Tensor& qr) {
+  const int64_t B = q.size(0), half = cos.size(-1), D = 2 * half, H = q.size(-1) / D, Hkv = kc.size(1);
+  const int64_t W = kc.size(2), cs_stride = cos.size(0) == 1 ? 0 : half;
+  const T *qp = raw<T>(q), *kp = raw<T>(k), *vp = raw<T>(v), *cp = raw<T>(cos), *sp = raw<T>(sin);
+  T *kcp = raw<T>(kc), *vcp = raw<T>(vc), *qrp = raw<T>(qr);
+  const int64_t qs = q.stride(0), ks = k.stride(0), vs = v.stride(0);
+  at::parallel_for(0, B, 8, [=](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const T *c = cp + b * cs_stride, *sn = sp + b * cs_stride;
+      for (int64_t h = 0; h < H; ++h) rotate(qp + b * qs + h * D, c, sn, qrp + (b * H + h) * D, half);
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t at_col = ((b * Hkv + h) * W + pos) * D;
+        rotate(kp + b * ks + h * D, c, sn, kcp + at_col, half);
+        std::memcpy(vcp + at_col, vp + b * vs + h * D, D * sizeof(T));
+      }
+    }
+  });
 }
 
+// q [B, 1, H * D], k and v [B, 1, Hkv * D] (a decode step's projections: each row's values contiguous, the rows at
+// any stride, as views of one packed product are); cos, sin [B or 1, D / 2]; k_cache, v_cache [B, Hkv, W, D] (a
+// layer's). Writes k rotated and v into the caches' column pos; returns q rotated, [B, H, D].
+at::Tensor rotary_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t pos) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.size(1) == 1 && k.sizes() == v.sizes() &&
+              cos.dim() == 2 && cos.sizes() == sin.sizes() && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "rotary_cache: q [B, 1, H * D], k and v [B, 1, Hkv * D], cos and sin [B or 1, D / 2], caches "
+              "[B, Hkv, W, D]");
+  const int64_t B = q.size(0), D = 2 * cos.size(-1), Hkv = k_cache.size(1);
+  TORCH_CHECK(D > 0 && k.size(0) == B && k_cache.size(0) == B && (cos.size(0) == 1 || cos.size(0) == B) &&
+              k_cache.size(3) == D && q.size(2) % D == 0 && k.size(2) == Hkv * D,
+              "rotary_cache: q, k, v, cos, sin and the caches disagree on rows, heads or head width");
+  TORCH_CHECK(pos >= 0 && pos < k_cache.size(2), "rotary_cache: column ", pos, " outside the caches' ",
+              k_cache.size(2));
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && cos.is_contiguous() && sin.is_contiguous() &&
+              k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "rotary_cache: each row of q, k, v contiguous; cos, sin and the caches contiguous");
+  const at::ScalarType t = q.scalar_type();
+  for (const at::Tensor* x : {&k, &v, &cos, &sin, &k_cache, &v_cache})
+    TORCH_CHECK(x->scalar_type() == t && x->device().is_cpu(), "rotary_cache: CPU tensors of one dtype");
+  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16, "rotary_cache: fp32 or bf16");
+  at::Tensor qr = at::empty({B, q.size(2) / D, D}, q.options());
+  if (t == at::kFloat) rotary_rows<float>(q, k, v, cos, sin, k_cache, v_cache, pos, qr);
+  else rotary_rows<uint16_t>(q, k, v, cos, sin, k_cache, v_cache, pos, qr);
+  return qr;
+}
+
+#if defined(__AVX512F__)
+// silu(gate) * up of rows [begin, end) (F values each; gate's and up's rows at their own strides), in their dtype,
+// rounded once
+template <typename T>
+void silu_mul_range(const T* g, const T* u, T* y, int64_t F, int64_t gs, int64_t us, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T *gr = g + i * gs, *ur = u + i * us;
+    T* yr = y + i * F;
+    int64_t c = 0;
+    for (; c + 16 <= F; c += 16) {
+      const __m512 a = load16(gr + c);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
+      store16(yr + c, _mm512_mul_ps(_mm512_div_ps(a, _mm512_add_ps(e, _mm512_set1_ps(1.f))), load16(ur + c)));
+    }
+    for (; c < F; ++c) store(yr + c, to_float(gr[c]) / (1.f + exp_clamped(-to_float(gr[c]))) * to_float(ur[c]));
+  }
+}
+#endif
+
+// gate, up [..., F] (each row's values contiguous, the rows at any one stride: views of one packed product will do)
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK(gate.is_contiguous() && up.is_contiguous() && gate.sizes() == up.sizes() && gate.device().is_cpu() &&
-              gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up contiguous CPU tensors of one shape, dtype");
+  TORCH_CHECK(gate.dim() > 0 && gate.size(-1) > 0 && gate.sizes() == up.sizes() && gate.device().is_cpu() &&
+              up.device().is_cpu() &&
+              gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up CPU tensors of one shape and dtype");
   TORCH_CHECK(gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16, "silu_mul: fp32 or bf16");
 #if !defined(__AVX512F__)
-  return at::silu(gate) * up;  // built for AVX2 the loop below took 2-3x PyTorch's two ops (docs/LOG.md, 2026-12-03)
-#endif
-  at::Tensor y = at::empty_like(gate);
-  if (gate.scalar_type() == at::kFloat)
-    silu_mul_rows(raw<float>(gate), raw<float>(up), raw<float>(y), gate.numel());
-  else
-    silu_mul_rows(raw<uint16_t>(gate), raw<uint16_t>(up), raw<uint16_t>(y), gate.numel());
+  // built for AVX2 a loop of its own took 2-3x PyTorch's two ops (docs/LOG.md, 2026-12-03)
+  return at::mul(at::silu(gate), up);
+#else
+  const int64_t F = gate.size(-1);
+  auto rows = [F](const at::Tensor& x) {  // [R, F] with unit stride along F (a view where one exists)
+    at::Tensor r = x.reshape({-1, F});
+    return r.stride(1) == 1 ? r : r.contiguous();
+  };
+  const at::Tensor g = rows(gate), u = rows(up);
+  at::Tensor y = at::empty(gate.sizes(), gate.options());
+  const int64_t R = g.size(0), gs = g.stride(0), us = u.stride(0), grain = std::max<int64_t>(1, 4096 / F);
+  if (gate.scalar_type() == at::kFloat) {
+    const float *gp = raw<float>(g), *up_ = raw<float>(u);
+    float* yp = raw<float>(y);
+    at::parallel_for(0, R, grain, [=](int64_t b, int64_t e) { silu_mul_range(gp, up_, yp, F, gs, us, b, e); });
+  } else {
+    const uint16_t *gp = raw<uint16_t>(g), *up_ = raw<uint16_t>(u);
+    uint16_t* yp = raw<uint16_t>(y);
+    at::parallel_for(0, R, grain, [=](int64_t b, int64_t e) { silu_mul_range(gp, up_, yp, F, gs, us, b, e); });
+  }
   return y;
+#endif
+}
+
+// one row's draw at target (u x the row's total): the first index whose partial sum, rounded to fp32, exceeds it
+// (V - 1 where none does); the sums in fp64 one term after another from `sum` after `from` terms
+inline int64_t walk(const float* p, int64_t from, int64_t V, double sum, float target) {
+  for (int64_t i = from; i < V; ++i) {
+    sum += p[i];
+    if (static_cast<float>(sum) > target) return i;
+  }
+  return V - 1;
+}
+
+inline int64_t draw_row(const float* p, int64_t V, float u) {
+  double total = 0;
+  for (int64_t i = 0; i < V; ++i) total += p[i];
+  return walk(p, 0, V, 0.0, u * static_cast<float>(total));
+}
+
+#if defined(__AVX512F__)
+// 8 rows' fp64 partial sums side by side, 8 terms at a time (an 8 x 8 transpose gives each term its lane): each
+// row's chain of additions in its own order, so the sums are the scalar loop's; every 8th kept in marks [V / 8, 8]
+void draw_8_rows(const float* p, int64_t V, const float* u, int64_t* out, double* marks) {
+  __m512d acc = _mm512_setzero_pd();
+  const int64_t blocks = V / 8;
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256 r[8], t[8];
+    for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(p + j * V + 8 * b);
+    for (int j = 0; j < 8; j += 2)
+      t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]), t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    for (int j = 0; j < 8; j += 4) {
+      r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44), r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+      r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44), r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; ++j)  // column j and j + 4: lane i of r[j] was term j of row i
+      t[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20), t[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
+    for (int j = 0; j < 8; ++j) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(t[j]));
+    _mm512_storeu_pd(marks + 8 * b, acc);
+  }
+  for (int j = 0; j < 8; ++j) {
+    const float* row = p + j * V;
+    double total = blocks ? marks[8 * (blocks - 1) + j] : 0.0;
+    for (int64_t i = 8 * blocks; i < V; ++i) total += row[i];
+    const float target = u[j] * static_cast<float>(total);
+    int64_t lo = 0, hi = blocks;  // the first block whose last partial sum exceeds the target (blocks: none does)
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (static_cast<float>(marks[8 * mid + j]) > target) hi = mid;
+      else lo = mid + 1;
+    }
+    out[j] = walk(row, 8 * lo, V, lo ? marks[8 * (lo - 1) + j] : 0.0, target);
+  }
+}
+#endif
+
+// probs [N, V] fp32 (a row's exp(log-probs)), u [N] fp32 in [0, 1) -> [N] int64: each row's draw, the index
+// searchsorted(probs.cumsum(-1), u[:, None] * cdf[:, -1:], right=True) gives, clamped to V - 1
+at::Tensor cdf_search(const at::Tensor& probs, const at::Tensor& u) {
+  TORCH_CHECK(probs.dim() == 2 && u.dim() == 1 && u.size(0) == probs.size(0) && probs.size(1) > 0,
+              "cdf_search: probs [N, V], u [N]");
+  TORCH_CHECK(probs.scalar_type() == at::kFloat && u.scalar_type() == at::kFloat && probs.is_contiguous() &&
+              u.is_contiguous() && probs.device().is_cpu() && u.device().is_cpu(),
+              "cdf_search: contiguous fp32 CPU tensors");
+  const int64_t N = probs.size(0), V = probs.size(1);
+  at::Tensor out = at::empty({N}, probs.options().dtype(at::kLong));
+  const float *pp = probs.data_ptr<float>(), *up = u.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+#if defined(__AVX512F__)
+  at::parallel_for(0, N / 8, 1, [=](int64_t begin, int64_t end) {
+    std::vector<double> marks(V);
+    for (int64_t g = begin; g < end; ++g) draw_8_rows(pp + 8 * g * V, V, up + 8 * g, op + 8 * g, marks.data());
+  });
+  for (int64_t n = N / 8 * 8; n < N; ++n) op[n] = draw_row(pp + n * V, V, up[n]);
+#else
+  at::parallel_for(0, N, 1, [=](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) op[n] = draw_row(pp + n * V, V, up[n]);
+  });
+#endif
+  return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY(speedrun_kernels, m) {
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor valid, float scale) -> Tensor", &decode_attention);
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+TORCH_LIBRARY_FRAGMENT(speedrun_kernels, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, ScalarType? dtype=None) -> Tensor", &rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor r, Tensor weight, float eps, ScalarType? dtype=None) -> (Tensor, Tensor)",
+        &add_rms_norm);
+  m.def("rotary_cache(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "int pos) -> Tensor", &rotary_cache);
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor", &silu_mul);
+  m.def("cdf_search(Tensor probs, Tensor u) -> Tensor", &cdf_search);
 }

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.kernels import fused_cdf_search
 from speedrun.model import GPT, KVCache
 from speedrun.shapes import ladder, record, width_step
 
@@ -52,12 +53,16 @@ def _draw(logprobs: Tensor, temperature: float, generator: torch.Generator | Non
     Masked tokens (-inf) have zero width: never drawn."""
     if temperature == 0:
         return logprobs.argmax(-1)
-    cdf = logprobs.exp().cumsum(-1)
+    probs = logprobs.exp()
     if u is None:
-        gen_device = generator.device if generator is not None else cdf.device
-        u = torch.rand(cdf.size(0), generator=generator, device=gen_device)
-    u = u.to(cdf.device)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.size(-1) - 1)
+        gen_device = generator.device if generator is not None else probs.device
+        u = torch.rand(probs.size(0), generator=generator, device=gen_device)
+    u = u.to(probs.device)
+    drawn = fused_cdf_search(probs, u)  # on a CPU: the same index, the CDF never written (speedrun.kernels)
+    if drawn is not None:
+        return drawn
+    cdf = probs.cumsum(-1)
+    return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=cdf.size(-1) - 1)
 
 
 def dynamic_decode(model: GPT, cache: KVCache, last: Tensor, tokens: Tensor, mask: Tensor, logprobs: Tensor,

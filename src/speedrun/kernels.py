@@ -1,16 +1,19 @@
-"""The lab's compiled CPU kernels (cpu_kernels.cpp beside this file), for the Llama's decode step: its attention
-(speedrun.model.one_query_attention), its RMSNorms and its SwiGLU's silu(gate) * up (speedrun.llama), each one pass
-where PyTorch runs several ops. No backward: they run only where no gradient is wanted.
+"""The lab's compiled CPU kernels (SOURCES: the C++ beside this file), for a decode step: the Llama's attention
+(speedrun.model.one_query_attention), its rotary and cache write, its residual adds and RMSNorms and its SwiGLU's
+silu(gate) * up (speedrun.llama), and every model's draw (speedrun.decode._draw), each one pass where PyTorch runs
+several ops. No backward: they run only where no gradient is wanted.
 
 Why: at a 64-row decode of SmolLM2 the attention's batched products, casts, mask and softmax took 17-23% of a step,
-about twice the time the step takes to read the cache, and an RMSNorm of 64 rows took 75-90 us in 7 ops, 60 times
-a token, in a profiled decode (bench/decode_attention.py, docs/LOG.md). Only the dynamic decode calls them (the static
-and compiled decodes run Llama.decode_step, PyTorch's ops).
+about twice the time the step takes to read the cache; an RMSNorm of 64 rows took 75-90 us in 7 ops, and the rotary
+and the cache write 139 us in about 15, 30 times a token; the draw's cumsum and search 2 ms (bench/decode_attention.py,
+docs/LOG.md). Only the dynamic decode calls the Llama's (the static and compiled decodes run Llama.decode_step,
+PyTorch's ops). The draw gives the bits PyTorch's ops give, so the GPT's samples do not change.
 
 It is built on first use with torch's extension builder (a C++ compiler with OpenMP, and ninja) for this CPU's own
-instructions, and cached by torch (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions) under a name that hashes
-the CPU, the torch version and the source: about 10 s once per machine. Where they cannot be built (no compiler),
-the decode runs PyTorch's ops, the same sums, after one message on stderr that says why.
+instructions (less AVX512 where ATen runs without it: cflags), and cached by torch (TORCH_EXTENSIONS_DIR, else
+~/.cache/torch_extensions) under a name that hashes the CPU, the torch version, the flags and the source: about 10 s
+once per machine. Where they cannot be built (no compiler), the decode runs PyTorch's ops, the same sums, after one
+message on stderr that says why.
 """
 from __future__ import annotations
 
@@ -24,10 +27,19 @@ from torch import Tensor
 
 from speedrun.common import stable_hash
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-# this CPU's instructions; OpenMP: at::parallel_for's threads are torch's own; no trapping math: the compiler may
-# vectorize the loops' selects (a float op is assumed not to trap; no value changes)
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-trapping-math"]
+SOURCES = [Path(__file__).with_name(f) for f in ("cpu_attention.cpp", "cpu_kernels.cpp")]
+HEADER = Path(__file__).with_name("cpu_kernels.h")  # the helpers both include
+
+
+def cflags() -> list[str]:
+    """This CPU's instructions, less those ATen's own kernels leave out here (ATEN_CPU_CAPABILITY, or a CPU whose
+    AVX512 torch does not use): so the kernels take the AVX2 paths wherever ATen runs at AVX2. OpenMP:
+    at::parallel_for's threads are torch's own; no trapping math: the compiler may vectorize the loops' selects (a
+    float op is assumed not to trap; no value changes)."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    capability = torch.backends.cpu.get_cpu_capability()
+    isa = ["-mno-avx512f"] if x86 and capability == "AVX2" else ["-mno-avx"] if x86 and capability == "DEFAULT" else []
+    return ["-O3", "-march=native", *isa, "-fopenmp", "-fno-trapping-math"]
 
 
 def cpu_identity() -> str:
@@ -46,22 +58,24 @@ def kernels_built() -> bool:
     built, False and the reason printed once."""
     from torch.utils.cpp_extension import load
 
-    name = "speedrun_kernels_" + stable_hash(cpu_identity(), torch.__version__, SOURCE.read_text(), CFLAGS, n_hex=12)
+    flags, texts = cflags(), [f.read_text() for f in SOURCES + [HEADER]]
+    name = "speedrun_kernels_" + stable_hash(cpu_identity(), torch.__version__, *texts, flags, n_hex=12)
     try:
-        load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False,
-             verbose=False)
+        load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+             is_python_module=False, verbose=False)
     except Exception as e:  # no compiler, no OpenMP, no ninja: PyTorch's ops do the same job, slower
-        print(f"speedrun.kernels: the CPU kernels ({SOURCE.name}) could not be built, so the decode runs PyTorch's "
-              f"ops: {type(e).__name__}: {str(e).strip()[-500:]}", file=sys.stderr)
+        print(f"speedrun.kernels: the CPU kernels ({', '.join(f.name for f in SOURCES)}) could not be built, so the "
+              f"decode runs PyTorch's ops: {type(e).__name__}: {str(e).strip()[-500:]}", file=sys.stderr)
         return False
     return True
 
 
 def _kernels(*tensors: Tensor):
     """torch.ops.speedrun_kernels where the fused kernels apply to tensors: all on a CPU, all fp32 or all bf16, no
-    gradient wanted (they have no backward), and the kernels built; else None."""
+    gradient wanted (they have no backward), not traced by torch.compile (they have no shape functions), and the
+    kernels built; else None."""
     t0 = tensors[0]
-    if t0.device.type != "cpu" or t0.dtype not in (torch.float32, torch.bfloat16):
+    if t0.device.type != "cpu" or t0.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
         return None
     if any(t.device != t0.device or t.dtype != t0.dtype for t in tensors):
         return None
@@ -78,14 +92,49 @@ def fused_decode_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Te
                                                          valid.contiguous(), q.size(-1) ** -0.5)
 
 
-def fused_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
-    """F.rms_norm(x, weight) over x's last dimension in one pass (the mean square in fp32), in x's dtype; None where
-    the kernels do not apply."""
+def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, dtype: torch.dtype | None = None) -> Tensor | None:
+    """F.rms_norm(x, weight) over x's last dimension in one pass (the mean square in fp32), in dtype (else x's: the
+    dtype the next product takes, so autocast has nothing to cast); None where the kernels do not apply."""
     ops = _kernels(x) if not (torch.is_grad_enabled() and weight.requires_grad) else None
-    return None if ops is None else ops.rms_norm(x.contiguous(), weight.float().contiguous(), eps)
+    return None if ops is None else ops.rms_norm(x.contiguous(), weight.float().contiguous(), eps, dtype)
+
+
+def fused_add_rms_norm(x: Tensor, r: Tensor, weight: Tensor, eps: float, dtype: torch.dtype | None = None
+                       ) -> tuple[Tensor, Tensor] | None:
+    """(x + r in x's dtype, as PyTorch's add rounds it; its fused_rms_norm in dtype): a residual add and the next
+    norm in one pass. r may be bf16 where x is fp32 (autocast's output on the residual stream). None where the
+    kernels do not apply."""
+    ops = _kernels(x) if not (torch.is_grad_enabled() and (weight.requires_grad or r.requires_grad)) else None
+    if ops is None or r.device != x.device or r.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    return ops.add_rms_norm(x.contiguous(), r.contiguous(), weight.float().contiguous(), eps, dtype)
+
+
+def fused_rotary_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       pos: int) -> Tensor | None:
+    """A decode step's rotary and cache write in one pass: q [B, 1, H * D], k and v [B, 1, Hkv * D] (each row's
+    values contiguous: views of one packed product will do), cos and sin [B or 1, ..., D / 2] (speedrun.model.rotary's
+    tables in their dtype); rotates q and k as speedrun.model.apply_rotary does (in fp32, rounded once), writes k and v
+    into the layer's caches [B, Hkv, W, D] at column pos; returns q rotated, [B, H, D]. None where the kernels do not
+    apply (nothing written then)."""
+    ops = _kernels(q, k, v, cos, sin, k_cache, v_cache)
+    if ops is None:
+        return None
+    half = cos.size(-1)
+    return ops.rotary_cache(q, k, v, cos.reshape(-1, half).contiguous(), sin.reshape(-1, half).contiguous(), k_cache,
+                            v_cache, pos)
+
+
+def fused_cdf_search(probs: Tensor, u: Tensor) -> Tensor | None:
+    """Each row's draw from probs [N, V] (fp32) at u [N] (fp32, in [0, 1)): the same index as
+    searchsorted(probs.cumsum(-1), u[:, None] * cdf[:, -1:], right=True) clamped to V - 1 (the partial sums in fp64 one
+    term after another, as PyTorch's CPU cumsum adds them), without writing the CDF. None where the kernels do not
+    apply."""
+    ops = _kernels(probs, u) if probs.dtype == torch.float32 else None
+    return None if ops is None else ops.cdf_search(probs.contiguous(), u.contiguous())
 
 
 def fused_silu_mul(gate: Tensor, up: Tensor) -> Tensor | None:
     """F.silu(gate) * up in one pass, rounded once to their dtype; None where the kernels do not apply."""
     ops = _kernels(gate, up)
-    return None if ops is None else ops.silu_mul(gate.contiguous(), up.contiguous())
+    return None if ops is None else ops.silu_mul(gate, up)  # rows at a stride: the split of a packed product

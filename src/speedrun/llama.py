@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.kernels import fused_add_rms_norm, fused_rms_norm, fused_rotary_cache, fused_silu_mul
 from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, one_query_attention, rotary, trunk_blocks
-from speedrun.kernels import fused_rms_norm, fused_silu_mul
 from speedrun.packed import fused
 from speedrun.shapes import record
 
@@ -88,18 +88,34 @@ class Attention(nn.Module):
         qk = apply_rotary(torch.cat([q, k], 2).transpose(1, 2), cos, sin)  # one turn for both: half the small ops
         return *qk.split([self.n_head, self.n_kv_head], 1), v
 
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache) -> Tensor:
+        """The attention output of one token per row x [B, 1, C] over the cache, its keys and values written into it:
+        on a CPU the rotary and the write in one pass (speedrun.kernels), else project() and the cache's update."""
+        B = x.size(0)
+        q = None
+        if self.q_norm is None:
+            q, k, v = fused(self, "packed_qkv", x) or (self.q(x), self.k(x), self.v(x))
+            kv_cache.check_room(1)
+            q = fused_rotary_cache(q, k, v, cos, sin, kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.pos)
+        if q is None:
+            q, k, v = self.project(x, cos, sin)
+            kv_cache.update(self.layer, k, v)
+        if self.layer == 0:
+            record("attention", B, 1, kv_cache.key_width(1), mask is not None)
+        # over the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
+        # contiguous per row, and a bf16 batched matmul copies it first (3.7x slower at 64 rows of SmolLM2)
+        k, v, valid = kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.valid[:, None, None]
+        return self.o(one_query_attention(q.view(B, self.n_head, 1, -1), k, v, valid).reshape(B, 1, -1))
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         B, T, _ = x.shape
+        if T == 1 and type(kv_cache) is KVCache and kv_cache.k is not None:  # a decode step (a PrefixCache
+            return self.decode(x, cos, sin, mask, kv_cache)  # concatenates: SDPA below)
         q, k, v = self.project(x, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)
         if self.layer == 0:
             record("attention", B, T, k.size(2), mask is not None)
-        if T == 1 and type(kv_cache) is KVCache:  # a decode step (a PrefixCache concatenates: SDPA below), over
-            # the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
-            # contiguous per row, and a bf16 batched matmul copies it first (3.7x slower at 64 rows of SmolLM2)
-            k, v, valid = kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.valid[:, None, None]
-            return self.o(one_query_attention(q, k, v, valid).reshape(B, T, -1))
         groups = self.n_head // self.n_kv_head  # each key/value head serves this many query heads
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         if mask is None:
@@ -129,9 +145,19 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
 
-    def forward(self, x: Tensor, decoding: bool = False) -> Tensor:
-        y = fused_rms_norm(x, self.weight, self.eps) if decoding else None  # a decode step: one pass
+    def forward(self, x: Tensor, decoding: bool = False, dtype: torch.dtype | None = None) -> Tensor:
+        """x normed; decoding: in one pass (speedrun.kernels), in dtype where given (the next product's)."""
+        y = fused_rms_norm(x, self.weight, self.eps, dtype) if decoding else None
         return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps) if y is None else y
+
+    def after_add(self, x: Tensor, r: Tensor, decoding: bool = False, dtype: torch.dtype | None = None
+                  ) -> tuple[Tensor, Tensor]:
+        """(x + r, it normed): the residual add and this norm, in one pass where decoding."""
+        both = fused_add_rms_norm(x, r, self.weight, self.eps, dtype) if decoding else None
+        if both is not None:
+            return both
+        x = x + r
+        return x, self.forward(x, decoding, dtype)
 
 
 class LlamaBlock(nn.Module):
@@ -142,8 +168,11 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         decoding = x.size(1) == 1 and type(kv_cache) is KVCache  # the fused CPU kernels where they apply
-        x = x + self.attn(self.attn_norm(x, decoding), cos, sin, mask, kv_cache)
-        return x + self.mlp(self.mlp_norm(x, decoding), decoding)
+        # the norms' output in autocast's dtype: its products would cast it there anyway
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
+        x, h = self.mlp_norm.after_add(x, self.attn(self.attn_norm(x, decoding, dtype), cos, sin, mask, kv_cache),
+                                       decoding, dtype)
+        return x + self.mlp(h, decoding)
 
 
 class Llama(nn.Module):

@@ -82,8 +82,7 @@ class KVCache:
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this step's k, v [B, H, T, D] for `layer`; return all keys/values so far."""
         T = k.size(2)
-        if self.pos + T > self.max_len:
-            raise ValueError(f"KV cache overflow: {self.pos} + {T} tokens > max_len {self.max_len}")
+        self.check_room(T)
         if self.k is None:
             c = self.config
             shape = (c.depth, self.batch, c.n_kv_head, self.max_len, c.head_dim)
@@ -93,6 +92,11 @@ class KVCache:
         self.v[layer, :, :, self.pos:self.pos + T] = v
         S = self.key_width(T)
         return self.k[layer, :, :, :S], self.v[layer, :, :, :S]
+
+    def check_room(self, T: int) -> None:
+        """Raise unless T more tokens fit."""
+        if self.pos + T > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.pos} + {T} tokens > max_len {self.max_len}")
 
     def advance(self, key_mask: Tensor) -> None:
         """After a forward wrote its T tokens [B, T] into every layer: the next write goes past them."""
