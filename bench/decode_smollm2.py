@@ -171,7 +171,7 @@ def main(rounds: int = typer.Option(3, help="rounds; each runs every (implementa
                 seen.setdefault((impl, dtype), []).append(f)
                 decode_tps = rows * (new - 1) / (f["full"] - f["first"])
                 print(f"round {r + 1} {impl:3s} {dtype}: {rows * new / f['full']:.0f} tok/s end to end, "
-                      f"{decode_tps:.0f} tok/s decode: {decode_tps * f['gflop'] / f['peak']:.0%} of the peak "
+                      f"{decode_tps:.0f} tok/s decode: {decode_tps * f['gflop'] / f['peak']:.1%} of the peak "
                       f"({f['peak']:.0f} GFLOP/s), {limit(f):.0%} of the {rows}-row limit "
                       f"({rows / f['step_mm']:.0f} tok/s); load {f['load']:.2f}"
                       + ("" if impl == "hf" else f"; CPU kernels {'on' if f['kernels'] else 'NOT BUILT'}"), flush=True)
@@ -184,7 +184,7 @@ def main(rounds: int = typer.Option(3, help="rounds; each runs every (implementa
         summary.append(f"{dtype}: lab/HF decode {statistics.median(ratio_dec):.2f}x ({min(ratio_dec):.2f}-"
                        f"{max(ratio_dec):.2f}), end to end {statistics.median(ratio_e2e):.2f}x, lab decode "
                        f"{statistics.median(map(limit, seen[('lab', dtype)])):.0%} of the {rows}-row limit, "
-                       f"{statistics.median(frac):.0%} of the peak")
+                       f"{statistics.median(frac):.1%} of the peak")
     print(f"decode_smollm2 ({base}): " + "; ".join(summary) + f" (n = {rounds})")
 
 
