@@ -193,12 +193,15 @@ def test_a_llama_decodes_through_the_kernels_with_the_same_tokens(family, monkey
         ran.extend([1] if ops is not None else [])
         return ops
 
+    products = []  # the first block's query products: one a forward on either path (the fallback reuses them)
+    model.blocks[0].attn.q.register_forward_hook(lambda *_: products.append(1))
     monkeypatch.setattr(kernels, "_kernels", counted)
     with torch.no_grad():
         fused = generate(model, PROMPTS, num_samples=2, max_new_tokens=8, temperature=0.0)
-        used = len(ran)
+        used, fused_products = len(ran), len(products)
         monkeypatch.setattr(kernels, "_kernels", lambda *t: None)  # PyTorch's ops for the same decode
         plain = generate(model, PROMPTS, num_samples=2, max_new_tokens=8, temperature=0.0)
     assert used >= 7 * 2 * 4  # every decode step: each block's two norms, its attention and its SwiGLU (and where no
     # head norm sits between the projection and the rotary, the rotary and the cache write)
     assert torch.equal(fused.tokens, plain.tokens)
+    assert fused_products == len(products) - fused_products == 1 + 7  # the prefill and 7 decode steps

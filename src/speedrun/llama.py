@@ -75,11 +75,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
 
-    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C], rotary applied (after Qwen3's head norms); cos, sin:
-        hf_rotary's tables."""
-        B, T, _ = x.shape
-        q, k, v = fused(self, "packed_qkv", x) or (self.q(x), self.k(x), self.v(x))
+    def products(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value products of x [B, T, C] (one packed product where packed): [B, T, heads x D]."""
+        return fused(self, "packed_qkv", x) or (self.q(x), self.k(x), self.v(x))
+
+    def rotate(self, q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, T, D] and k, v [B, Hkv, T, D] of products()'s outputs, rotary applied (after Qwen3's head
+        norms); cos, sin: hf_rotary's tables."""
+        B, T, _ = q.shape
         q = q.view(B, T, self.n_head, self.head_dim)
         k = k.view(B, T, self.n_kv_head, self.head_dim)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
@@ -88,18 +91,24 @@ class Attention(nn.Module):
         qk = apply_rotary(torch.cat([q, k], 2).transpose(1, 2), cos, sin)  # one turn for both: half the small ops
         return *qk.split([self.n_head, self.n_kv_head], 1), v
 
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """rotate(products(x)): q [B, H, T, D] and k, v [B, Hkv, T, D] of x [B, T, C]."""
+        return self.rotate(*self.products(x), cos, sin)
+
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache) -> Tensor:
         """The attention output of one token per row x [B, 1, C] over the cache, its keys and values written into it:
-        on a CPU the rotary and the write in one pass (speedrun.kernels), else project() and the cache's update."""
+        on a CPU the rotary and the write in one pass (speedrun.kernels), else rotate() and the cache's update, on
+        the same products. Qwen3's head norms sit between the products and the rotary: the kernel has none."""
         B = x.size(0)
-        q = None
-        if self.q_norm is None:
-            q, k, v = fused(self, "packed_qkv", x) or (self.q(x), self.k(x), self.v(x))
-            kv_cache.check_room(1)
-            q = fused_rotary_cache(q, k, v, cos, sin, kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.pos)
-        if q is None:
-            q, k, v = self.project(x, cos, sin)
+        q, k, v = self.products(x)
+        kv_cache.check_room(1)
+        rotated = None if self.q_norm is not None else \
+            fused_rotary_cache(q, k, v, cos, sin, kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.pos)
+        if rotated is None:
+            q, k, v = self.rotate(q, k, v, cos, sin)
             kv_cache.update(self.layer, k, v)
+        else:
+            q = rotated
         if self.layer == 0:
             record("attention", B, 1, kv_cache.key_width(1), mask is not None)
         # over the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
@@ -168,8 +177,9 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         decoding = x.size(1) == 1 and type(kv_cache) is KVCache  # the fused CPU kernels where they apply
-        # the norms' output in autocast's dtype: its products would cast it there anyway
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
+        # a decode's norms write autocast's dtype: its products would cast them there anyway
+        dtype = torch.get_autocast_dtype(x.device.type) if decoding and torch.is_autocast_enabled(x.device.type) \
+            else None
         x, h = self.mlp_norm.after_add(x, self.attn(self.attn_norm(x, decoding, dtype), cos, sin, mask, kv_cache),
                                        decoding, dtype)
         return x + self.mlp(h, decoding)
