@@ -1,8 +1,10 @@
 """The attention of one decode step on a CPU (issue 91), in the forms measured for it, at SmolLM2-135M's shapes: the
-engine's (speedrun.model.one_query_attention over the cache's whole width: the compiled kernel of speedrun.kernels),
-the batched products it replaced (speedrun.model.batched_attention), those under torch.compile, PyTorch's SDPA, and a
-shared-prefix form, where the samples of a prompt score their queries together against one copy of the prompt's keys
-and apart against their own answers' keys, with one softmax over both.
+engine's (speedrun.model.one_query_attention over the cache's whole width: the compiled kernel of speedrun.kernels,
+each row reading its prompt's keys from the prompt's first copy, as KVCache.source tells it), the same kernel with
+each row reading its own copy ("own copies": the engine before it read one copy a prompt), the batched products it
+replaced (speedrun.model.batched_attention), those under torch.compile, PyTorch's SDPA, and a shared-prefix form,
+where the samples of a prompt score their queries together against one copy of the prompt's keys and apart against
+their own answers' keys, with one softmax over both.
 
     python bench/decode_attention.py                 # bf16, 8 prompts x 8 samples, a 42-token prompt, 64 new tokens
     python bench/decode_attention.py --dtype fp32
@@ -87,7 +89,11 @@ def masks(x: dict, written: int, ragged: bool = False) -> tuple[Tensor, Tensor]:
 def forms(x: dict) -> dict[str, Callable[[int, Tensor, Tensor], Tensor]]:
     """Each form as f(layer, the engine's mask, the answers' mask): that layer's attention output [N, H, 1, D]."""
     compiled = torch.compile(batched_attention, dynamic=False)
-    return {"engine": lambda i, m, own: one_query_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
+    P, n = x["prefix_k"].size(3), x["samples"]
+    source = torch.arange(x["k"].size(1)) // n * n  # each row's prompt's first copy (KVCache.source)
+    return {"engine": lambda i, m, own: one_query_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None],
+                                                            source, P),
+            "own copies": lambda i, m, own: one_query_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
             "products": lambda i, m, own: batched_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
             "compiled products": lambda i, m, own: compiled(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),
             "SDPA": lambda i, m, own: sdpa_attention(x["q"][i], x["k"][i], x["v"][i], m[:, None, None]),

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 
 import speedrun.kernels as kernels
+import speedrun.model
 from speedrun.engine import generate
 from speedrun.kernels import (fused_add_rms_norm, fused_cdf_search, fused_decode_attention, fused_rms_norm,
                               fused_rotary_cache, fused_silu_mul, kernels_built)
-from speedrun.model import apply_rotary, batched_attention, one_query_attention, rotary
+from speedrun.model import KVCache, apply_rotary, batched_attention, one_query_attention, rotary
 from test_engine import PROMPTS, tiny, tiny_llama
 
 torch.set_num_threads(1)
@@ -45,6 +46,68 @@ def test_decode_attention_matches_the_batched_products(dtype, D, G, S):
     clean = [t.nan_to_num(0.0) for t in (k, v)]  # the products multiply every column: no NaN for them
     want = batched_attention(q.float(), *(t.float() for t in clean), valid[:, None, None])
     torch.testing.assert_close(got.float(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,shared", [(64, 9), (64, 40), (24, 9)])
+def test_decode_attention_reads_a_prompts_columns_once_from_its_source_row(dtype, D, shared):
+    """Rows 1 and 2 copy row 0's first `shared` columns, row 4 row 3's (a prompt's samples): told so, the kernel gives
+    the bits it gives over the copies, with the copies' columns set to NaN (so it read the source rows')."""
+    q, k, v, valid = attention_inputs(6, 2, 3, 40, D, dtype)
+    source = torch.tensor([0, 0, 0, 3, 3, 5])
+    k[:, :, :shared], v[:, :, :shared] = k[source, :, :shared], v[source, :, :shared]
+    valid[:, :shared] = valid[source, :shared]
+    want = one_query_attention(q, k, v, valid[:, None, None])
+    copies = source != torch.arange(6)
+    k[copies, :, :shared], v[copies, :, :shared] = float("nan"), float("nan")
+    got = one_query_attention(q, k, v, valid[:, None, None], source, shared)
+    assert torch.isfinite(want).all() and torch.equal(got, want)
+    assert not torch.isfinite(one_query_attention(q, k, v, valid[:, None, None])[copies]).all()  # NaN where read
+
+
+def test_a_caches_source_rows_hold_its_rows_prompt_columns_through_expand_and_keep_rows():
+    config = tiny_llama("llama").config
+    H, D = config.n_kv_head, config.head_dim
+    cache = KVCache(config, 3, 8)
+    for step, rows in ((5, 3), (1, 12)):  # a prompt of 5 tokens; expanded to 4 samples, one token of each's own
+        for layer in range(config.depth):
+            cache.update(layer, torch.randn(rows, H, step, D), torch.randn(rows, H, step, D))
+        cache.advance(torch.ones(rows, step, dtype=torch.bool))
+        cache = cache.expand(4, 8) if rows == 3 else cache
+        assert cache.shared == 5 and cache.source.tolist() == [0] * 4 + [4] * 4 + [8] * 4
+    for keep, want in (([1, 2, 5, 8, 11], [0, 0, 2, 3, 3]), ([1, 3, 4], [0, 1, 1])):  # a prompt's first copy gone
+        cache.keep_rows(torch.tensor(keep))
+        assert cache.source.tolist() == want
+        for t in (cache.k, cache.v):
+            assert torch.equal(t[:, cache.source, :, :5], t[:, :, :, :5])
+            assert not torch.equal(t[:, cache.source, :, 5], t[:, :, :, 5])  # their own tokens differ
+
+
+def test_a_sampled_decode_reading_one_copy_a_prompt_gives_the_bits_of_reading_its_own(monkeypatch):
+    """Sampled rows that end at a stop token (the cache drops them: keep_rows moves each row's source), every
+    decode step's attention told its rows' sources: the tokens and log-probs of the decode that reads each row's own."""
+    assert kernels_built()
+    model, told, keeps = tiny_llama("llama", vocab=12), [], []
+    attention, keep_rows, expand = speedrun.model.fused_decode_attention, KVCache.keep_rows, KVCache.expand
+    monkeypatch.setattr(speedrun.model, "fused_decode_attention",
+                        lambda *a: (told.append(a[4] is not None and a[5] > 0), attention(*a))[1])
+    # whether a compaction dropped the row a kept row read its prompt from (its source must move)
+    monkeypatch.setattr(KVCache, "keep_rows", lambda self, rows: (
+        keeps.append(self.source is not None and bool((~torch.isin(self.source[rows], rows)).any())),
+        keep_rows(self, rows)))
+    runs = []
+    for reads in ("one copy", "own"):
+        if reads == "own":
+            monkeypatch.setattr(KVCache, "expand", lambda *a: setattr(new := expand(*a), "source", None) or new)
+        with torch.no_grad():
+            runs.append(generate(model, [[1, 2, 4, 5, 6, 7, 9], [9, 8], [5, 10, 11, 2]], num_samples=8,
+                                 max_new_tokens=16, temperature=1.0, stop_id=3, pad_id=0,
+                                 generator=torch.Generator().manual_seed(1)))
+        assert all(told) if reads == "one copy" else not any(told)
+        told.clear()
+    shared, own = runs
+    assert any(keeps) and shared.mask.sum() < shared.mask.numel()  # rows ended early, a source among them
+    assert torch.equal(shared.tokens, own.tokens) and torch.equal(shared.logprobs, own.logprobs)
 
 
 def test_kernels_give_the_same_bits_on_one_thread_and_on_two():
@@ -167,7 +230,13 @@ def test_bad_input_names_the_kernel_and_what_is_wrong():
     q, k, v, valid = attention_inputs(2, 1, 2, 8, 16, torch.float32)
     ops = torch.ops.speedrun_kernels
     with pytest.raises(RuntimeError, match="decode_attention: q, k, v and valid disagree"):
-        ops.decode_attention(q.view(2, 1, 2, 16), k, v, valid[:, :5], 0.25)
+        ops.decode_attention(q.view(2, 1, 2, 16), k, v, valid[:, :5], 0.25, None, 0)
+    with pytest.raises(RuntimeError, match="decode_attention: source row 2 of row 1 outside"):
+        ops.decode_attention(q.view(2, 1, 2, 16), k, v, valid, 0.25, torch.tensor([0, 2]), 3)
+    with pytest.raises(RuntimeError, match="decode_attention: shared columns 9 outside"):
+        ops.decode_attention(q.view(2, 1, 2, 16), k, v, valid, 0.25, torch.tensor([0, 0]), 9)
+    with pytest.raises(RuntimeError, match="decode_attention: source .B. int64"):
+        ops.decode_attention(q.view(2, 1, 2, 16), k, v, valid, 0.25, torch.tensor([0, 0], dtype=torch.int32), 3)
     with pytest.raises(RuntimeError, match="rms_norm: an fp32 weight as wide"):
         ops.rms_norm(q, torch.ones(15), 1e-5)
     with pytest.raises(RuntimeError, match="silu_mul: gate and up"):

@@ -2,17 +2,30 @@
 // over the cache, their softmax and the values' weighted sum, in fp32 over fp32 or bf16; masked keys take no weight.
 // PyTorch's batched products, casts, mask and softmax for this (one query row per head over a ~100-key cache) cost
 // about twice the time it takes to read the cache. A thread computes whole (row, head) pairs, so results do not
-// depend on the thread count.
+// depend on the thread count. The samples of one prompt hold copies of its keys and values (KVCache.expand): each row
+// reads those columns from its source row, so a prompt's copy is read from memory once a step, not once per sample
+// (the same sums: the copies are equal).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "cpu_kernels.h"
 
 namespace {
 using namespace speedrun_kernels;
+
+// a (row, head)'s keys or values from its first attended column: the first `split` from its source row's copy
+template <typename T>
+struct Rows {
+  const T* shared;
+  const T* own;
+  int64_t split, D;
+  const T* operator[](int64_t s) const { return (s < split ? shared : own) + s * D; }
+};
 
 // scores[0, S) of one query head -> its softmax weights (masked keys 0); returns the weights' sum
 inline float softmax_weights(float* scores, const bool* valid, int64_t S) {
@@ -30,21 +43,21 @@ inline float softmax_weights(float* scores, const bool* valid, int64_t S) {
 
 // one (row, key/value head): q [G, D], k and v [S, D], valid [S] -> y [G, D]; any head width
 template <typename T>
-void attend(const T* q, const T* k, const T* v, const bool* valid, T* y, int64_t G, int64_t S, int64_t D, float scale,
+void attend(const T* q, Rows<T> k, Rows<T> v, const bool* valid, T* y, int64_t G, int64_t S, int64_t D, float scale,
             float* scores, float* qf, float* acc) {
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t d = 0; d < D; ++d) qf[d] = to_float(q[g * D + d]) * scale;
     for (int64_t s = 0; s < S; ++s) {
       float dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qf[d] * to_float(k[s * D + d]);
+      for (int64_t d = 0; d < D; ++d) dot += qf[d] * to_float(k[s][d]);
       scores[s] = dot;
     }
     const float inv = 1.f / softmax_weights(scores, valid, S);
     std::fill(acc, acc + D, 0.f);
     for (int64_t s = 0; s < S; ++s)
       if (valid[s])
-        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * to_float(v[s * D + d]);
+        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * to_float(v[s][d]);
     for (int64_t d = 0; d < D; ++d) store(y + g * D + d, acc[d] * inv);
   }
 }
@@ -70,8 +83,7 @@ inline __m512 sum16(__m512* v) {
 // a bf16 query head's scores over keys k [S, D] with AVX512-BF16's pairwise dot products (no conversion to fp32: the
 // products are exact, their sums fp32), 16 keys at a time; D = 32 x NP
 template <int NP>
-void scores_bf16(const uint16_t* q, const uint16_t* k, int64_t S, float scale, float* scores) {
-  constexpr int D = 32 * NP;
+void scores_bf16(const uint16_t* q, Rows<uint16_t> k, int64_t S, float scale, float* scores) {
   __m512bh qv[NP];
   for (int c = 0; c < NP; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
   const __m512 sc = _mm512_set1_ps(scale);
@@ -79,15 +91,15 @@ void scores_bf16(const uint16_t* q, const uint16_t* k, int64_t S, float scale, f
   for (; s + 16 <= S; s += 16) {
     __m512 dots[16];
     for (int j = 0; j < 16; ++j) {
-      dots[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(k + (s + j) * D));
+      dots[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(k[s + j]));
       for (int c = 1; c < NP; ++c)
-        dots[j] = _mm512_dpbf16_ps(dots[j], qv[c], (__m512bh)_mm512_loadu_si512(k + (s + j) * D + 32 * c));
+        dots[j] = _mm512_dpbf16_ps(dots[j], qv[c], (__m512bh)_mm512_loadu_si512(k[s + j] + 32 * c));
     }
     _mm512_storeu_ps(scores + s, _mm512_mul_ps(sum16(dots), sc));
   }
   for (; s < S; ++s) {
     __m512 dot = _mm512_setzero_ps();
-    for (int c = 0; c < NP; ++c) dot = _mm512_dpbf16_ps(dot, qv[c], (__m512bh)_mm512_loadu_si512(k + s * D + 32 * c));
+    for (int c = 0; c < NP; ++c) dot = _mm512_dpbf16_ps(dot, qv[c], (__m512bh)_mm512_loadu_si512(k[s] + 32 * c));
     scores[s] = _mm512_reduce_add_ps(dot) * scale;
   }
 }
@@ -96,7 +108,7 @@ void scores_bf16(const uint16_t* q, const uint16_t* k, int64_t S, float scale, f
 // attend() with 16-lane vectors and the head width fixed (NC chunks of 16): a query head and a value row sit in
 // registers; the (row, head)'s keys and values (~14 KB at SmolLM2's shapes) stay in L1 across its query heads
 template <typename T, int NC>
-void attend16(const T* q, const T* k, const T* v, const bool* valid, T* y, int64_t G, int64_t S, float scale,
+void attend16(const T* q, Rows<T> k, Rows<T> v, const bool* valid, T* y, int64_t G, int64_t S, float scale,
               float* scores) {
   constexpr int D = 16 * NC;
   for (int64_t g = 0; g < G; ++g) {
@@ -112,14 +124,14 @@ void attend16(const T* q, const T* k, const T* v, const bool* valid, T* y, int64
     for (; s + 16 <= S; s += 16) {  // 16 keys at a time, masked ones too (their weight is 0 below)
       __m512 dots[16];
       for (int j = 0; j < 16; ++j) {
-        dots[j] = _mm512_mul_ps(qv[0], load16(k + (s + j) * D));
-        for (int c = 1; c < NC; ++c) dots[j] = _mm512_fmadd_ps(qv[c], load16(k + (s + j) * D + 16 * c), dots[j]);
+        dots[j] = _mm512_mul_ps(qv[0], load16(k[s + j]));
+        for (int c = 1; c < NC; ++c) dots[j] = _mm512_fmadd_ps(qv[c], load16(k[s + j] + 16 * c), dots[j]);
       }
       _mm512_storeu_ps(scores + s, sum16(dots));
     }
     for (; s < S; ++s) {
-      __m512 dot = _mm512_mul_ps(qv[0], load16(k + s * D));
-      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k + s * D + 16 * c), dot);
+      __m512 dot = _mm512_mul_ps(qv[0], load16(k[s]));
+      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k[s] + 16 * c), dot);
       scores[s] = _mm512_reduce_add_ps(dot);
     }
     const __m512 inv = _mm512_set1_ps(1.f / softmax_weights(scores, valid, S));
@@ -127,7 +139,7 @@ void attend16(const T* q, const T* k, const T* v, const bool* valid, T* y, int64
     for (s = 0; s < S; ++s) {
       if (!valid[s]) continue;  // skipped, not weighted 0: an unwritten column may hold anything
       const __m512 p = _mm512_set1_ps(scores[s]);
-      for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, load16(v + s * D + 16 * c), acc[c]);
+      for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, load16(v[s] + 16 * c), acc[c]);
     }
     alignas(64) float out[D];
     for (int c = 0; c < NC; ++c) _mm512_store_ps(out + 16 * c, _mm512_mul_ps(acc[c], inv));
@@ -138,7 +150,7 @@ void attend16(const T* q, const T* k, const T* v, const bool* valid, T* y, int64
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& valid, at::Tensor& y,
-         float scale) {
+         float scale, const int64_t* source, int64_t shared) {
   const int64_t H = q.size(1), G = q.size(2), D = q.size(3), S = k.size(2);
   const T *qp = raw<T>(q), *kp = raw<T>(k), *vp = raw<T>(v);
   const bool* mp = valid.data_ptr<bool>();
@@ -148,11 +160,15 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
     for (int64_t bh = begin; bh < end; ++bh) {
       // only the keys from the row's first attended one to its last: not its left padding, nor the cache's columns
       // not yet written (a decode's cache is as wide as its last token's context)
-      const bool* mb = mp + (bh / H) * S;
+      const int64_t b = bh / H, src = source == nullptr ? b : source[b];
+      const bool* mb = mp + b * S;
       int64_t lo = 0, hi = S;
       while (lo < hi && !mb[lo]) ++lo;
       while (hi > lo && !mb[hi - 1]) --hi;
-      const T *qb = qp + bh * G * D, *kb = kp + (bh * S + lo) * D, *vb = vp + (bh * S + lo) * D;
+      const int64_t own = (bh * S + lo) * D, from = ((src * H + bh % H) * S + lo) * D;
+      const int64_t split = std::max<int64_t>(0, std::min(shared, hi) - lo);  // columns [lo, shared): the source's
+      const Rows<T> kb{kp + from, kp + own, split, D}, vb{vp + from, vp + own, split, D};
+      const T* qb = qp + bh * G * D;
       T* yb = yp + bh * G * D;
       mb += lo;
 #if defined(__AVX512F__)
@@ -166,9 +182,11 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
   });
 }
 
-// q [B, Hkv, G, D]: each key/value head's G query heads; k, v [B, Hkv, S, D]; valid [B, S] (True: attended)
+// q [B, Hkv, G, D]: each key/value head's G query heads; k, v [B, Hkv, S, D]; valid [B, S] (True: attended); source
+// [B] (int64, optional): the row whose columns [0, shared) hold the same keys and values as row b's (the first copy
+// of its prompt's: KVCache.source), read in their place
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& valid,
-                            double scale) {
+                            double scale, const std::optional<at::Tensor>& source, int64_t shared) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && valid.dim() == 2,
               "decode_attention: q [B, Hkv, G, D], k and v [B, Hkv, S, D], valid [B, S]");
   const int64_t B = q.size(0), S = k.size(2);
@@ -180,14 +198,25 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && valid.scalar_type() == at::kBool,
               "decode_attention: q, k, v all fp32 or all bf16, valid bool");
   TORCH_CHECK(q.device().is_cpu(), "decode_attention: a CPU kernel");
+  const int64_t* src = nullptr;
+  if (source.has_value()) {
+    TORCH_CHECK(source->dim() == 1 && source->size(0) == B && source->scalar_type() == at::kLong &&
+                source->is_contiguous() && source->device().is_cpu(), "decode_attention: source [B] int64 on the CPU");
+    TORCH_CHECK(0 <= shared && shared <= S, "decode_attention: shared columns ", shared, " outside [0, ", S, "]");
+    src = source->data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(0 <= src[b] && src[b] < B, "decode_attention: source row ", src[b], " of row ", b, " outside [0, ",
+                  B, ")");
+  }
   at::Tensor y = at::empty_like(q);
-  if (q.scalar_type() == at::kFloat) run<float>(q, k, v, valid, y, static_cast<float>(scale));
-  else run<uint16_t>(q, k, v, valid, y, static_cast<float>(scale));
+  if (q.scalar_type() == at::kFloat) run<float>(q, k, v, valid, y, static_cast<float>(scale), src, shared);
+  else run<uint16_t>(q, k, v, valid, y, static_cast<float>(scale), src, shared);
   return y;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(speedrun_kernels, m) {
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor valid, float scale) -> Tensor", &decode_attention);
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor valid, float scale, Tensor? source, int shared) -> "
+        "Tensor", &decode_attention);
 }

@@ -84,12 +84,14 @@ def _kernels(*tensors: Tensor):
     return torch.ops.speedrun_kernels if kernels_built() else None
 
 
-def fused_decode_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor | None:
+def fused_decode_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, source: Tensor | None = None,
+                           shared: int = 0) -> Tensor | None:
     """The attention of q [B, Hkv, G, D] over k, v [B, Hkv, S, D] where valid [B, S]: [B, Hkv, G, D]; None where
-    the kernels do not apply (_kernels)."""
+    the kernels do not apply (_kernels). source [B] (int64): where row b's columns [0, shared) equal row source[b]'s
+    (a prompt's samples: KVCache.source), the kernel reads them there, one copy a prompt."""
     ops = _kernels(q, k, v)
     return None if ops is None else ops.decode_attention(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                         valid.contiguous(), q.size(-1) ** -0.5)
+                                                         valid.contiguous(), q.size(-1) ** -0.5, source, shared)
 
 
 def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, dtype: torch.dtype | None = None) -> Tensor | None:

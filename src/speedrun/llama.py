@@ -114,7 +114,8 @@ class Attention(nn.Module):
         # over the cache's whole width (unwritten columns are not valid): a view cut at the keys so far is not
         # contiguous per row, and a bf16 batched matmul copies it first (3.7x slower at 64 rows of SmolLM2)
         k, v, valid = kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.valid[:, None, None]
-        return self.o(one_query_attention(q.view(B, self.n_head, 1, -1), k, v, valid).reshape(B, 1, -1))
+        y = one_query_attention(q.view(B, self.n_head, 1, -1), k, v, valid, kv_cache.source, kv_cache.shared)
+        return self.o(y.reshape(B, 1, -1))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None) -> Tensor:
         B, T, _ = x.shape

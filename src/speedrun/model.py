@@ -78,6 +78,10 @@ class KVCache:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.pos = 0
         self.padded = False  # any invalid position so far: attention then needs an explicit mask
+        # after expand: row b's first `shared` columns equal row source[b]'s (its prompt's first kept copy), so a
+        # decode's attention can read one copy a prompt (speedrun.kernels); None: every row holds its own
+        self.source: Tensor | None = None
+        self.shared = 0
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this step's k, v [B, H, T, D] for `layer`; return all keys/values so far."""
@@ -111,7 +115,8 @@ class KVCache:
     def expand(self, n: int, max_len: int) -> KVCache:
         """A new cache with every row repeated n times (a row's copies adjacent) and room for max_len tokens."""
         new = KVCache(self.config, self.batch * n, max_len, self.valid.device)
-        new.pos, new.padded = self.pos, self.padded
+        new.pos, new.padded, new.shared = self.pos, self.padded, self.pos
+        new.source = torch.arange(self.batch * n, device=self.valid.device) // n * n
         new.valid[:, :self.pos] = self.valid[:, :self.pos].repeat_interleave(n, 0)
         new.lengths = self.lengths.repeat_interleave(n, 0)
         if self.k is not None:  # each row's n copies written straight into the new cache (no zero fill, no temporary)
@@ -127,6 +132,9 @@ class KVCache:
         """Drop every row not in `rows` (finished samples), so decoding stops spending compute on them."""
         self.batch = rows.numel()
         self.valid, self.lengths = self.valid[rows], self.lengths[rows]
+        if self.source is not None:  # each kept row's source: the first kept row of its prompt (rows ascend, and so
+            source = self.source[rows]  # do a prompt's copies and their sources)
+            self.source = torch.searchsorted(source, source)
         if self.k is not None:
             self.k, self.v = self.k[:, rows], self.v[:, rows]
 
@@ -165,15 +173,17 @@ def attention_inputs(idx: Tensor, key_mask: Tensor | None, positions: Tensor | N
     return positions, mask, key_mask
 
 
-def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, source: Tensor | None = None,
+                        shared: int = 0) -> Tensor:
     """Attention of one query per row, q [B, H, 1, D], over keys and values k, v [B, Hkv, S, D] (H a multiple of Hkv:
     grouped-query), mask [B, 1, 1, S] bool (True: attended) or None: [B, H, 1, D]. On a CPU the compiled kernel
-    (speedrun.kernels: one pass over the cache, fp32 inside), else batched_attention. Why not SDPA: on a CPU its
-    kernel is tiled for long queries and took about 1 ms a call at a 64-row decode of SmolLM2 (30 calls a token)."""
+    (speedrun.kernels: one pass over the cache, fp32 inside; a prompt's keys read once where source and shared say
+    which rows hold copies: KVCache.source), else batched_attention. Why not SDPA: on a CPU its kernel is tiled for
+    long queries and took about 1 ms a call at a 64-row decode of SmolLM2 (30 calls a token)."""
     B, H, _, D = q.shape
     Hkv = k.size(1)
     valid = mask.reshape(B, -1) if mask is not None else torch.ones(B, k.size(2), dtype=torch.bool, device=k.device)
-    y = fused_decode_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, valid)
+    y = fused_decode_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, valid, source, shared)
     return batched_attention(q, k, v, mask) if y is None else y.reshape(B, H, 1, D)
 
 
