@@ -49,6 +49,18 @@ def test_decode_attention_matches_the_batched_products(dtype, D, G, S):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,G", [(64, 3), (64, 5), (128, 9), (32, 4)])
+def test_decode_attention_gives_each_query_head_the_bits_it_gets_alone(dtype, D, G):
+    """The kernel takes a key/value head's query heads together (groups of up to 4, 16 keys at a time); each head's
+    output is the one it gets as the only query head of its key/value head."""
+    q, k, v, valid = attention_inputs(4, 2, G, 37, D, dtype)
+    together = one_query_attention(q, k, v, valid[:, None, None]).view(4, 2, G, D)
+    for g in range(G):
+        alone = one_query_attention(q.view(4, 2, G, 1, D)[:, :, g], k, v, valid[:, None, None])
+        assert torch.equal(together[:, :, g], alone.view(4, 2, D)), f"query head {g} of {G}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,shared", [(64, 9), (64, 40), (24, 9)])
 def test_decode_attention_reads_a_prompts_columns_once_from_its_source_row(dtype, D, shared):
     """Rows 1 and 2 copy row 0's first `shared` columns, row 4 row 3's (a prompt's samples): told so, the kernel gives
@@ -182,6 +194,20 @@ def test_rotary_cache_rotates_as_apply_rotary_and_writes_one_column(dtype):
     one_table = fused_rotary_cache(q, k, v, cos[:1], sin[:1], k_cache, v_cache, pos)  # one position for every row
     torch.testing.assert_close(one_table.float(), apply_rotary(heads[0], cos[:1].float(), sin[:1].float())[:, :, 0],
                                **tol)
+
+
+def test_silu_mul_gives_the_same_bits_in_its_16_lane_loop_and_its_tail():
+    """Where silu's exp(-gate) has gate x log2(e) a rounding from a half-integer, the 16-lane exp and the scalar one
+    round the same way (an exp16 that rounded x log2(e) before rounding it to an integer parted from the tail at 10 of
+    these 1687 values)."""
+    half = (torch.arange(-120, 121, dtype=torch.float64) + 0.5) * torch.log(torch.tensor(2.0, dtype=torch.float64))
+    x = half.float()
+    for _ in range(3):  # and the floats next to them
+        x = torch.cat([x, torch.nextafter(x, torch.tensor(float("inf"))),
+                       torch.nextafter(x, torch.tensor(-float("inf")))]).unique()
+    gate = (-x)[:, None].expand(-1, 17).contiguous()  # lanes 0-15 in the 16-lane loop, lane 16 in the tail
+    y = fused_silu_mul(gate, torch.ones_like(gate))
+    assert torch.equal(y[:, 0].view(torch.int32), y[:, 16].view(torch.int32))
 
 
 def test_silu_mul_reads_the_views_of_a_packed_product():

@@ -3,8 +3,9 @@
 // PyTorch's batched products, casts, mask and softmax for this (one query row per head over a ~100-key cache) cost
 // about twice the time it takes to read the cache. A thread computes whole (row, head) pairs, so results do not
 // depend on the thread count. The samples of one prompt hold copies of its keys and values (KVCache.expand): each row
-// reads those columns from its source row, so a prompt's copy is read from memory once a step, not once per sample
-// (the same sums: the copies are equal).
+// reads those columns from its source row, one row's copy a prompt, not each sample's (the same sums: the copies are
+// equal). With AVX512 the softmax's max and exps run 16 keys at a time and a value row serves a key/value head's
+// query heads at once; every sum still adds its terms in attend()'s order, so the bits are attend()'s.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
@@ -105,45 +106,103 @@ void scores_bf16(const uint16_t* q, Rows<uint16_t> k, int64_t S, float scale, fl
 }
 #endif
 
-// attend() with 16-lane vectors and the head width fixed (NC chunks of 16): a query head and a value row sit in
-// registers; the (row, head)'s keys and values (~14 KB at SmolLM2's shapes) stay in L1 across its query heads
+// one query head's scores over keys k [S, D] (D = 16 x NC), scaled: 16 keys at a time
+template <typename T, int NC>
+void scores16(const T* q, Rows<T> k, int64_t S, float scale, float* scores) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, uint16_t> && NC % 2 == 0) return scores_bf16<NC / 2>(q, k, S, scale, scores);
+#endif
+  __m512 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm512_mul_ps(load16(q + 16 * c), _mm512_set1_ps(scale));
+  int64_t s = 0;
+  for (; s + 16 <= S; s += 16) {  // masked keys too (their weight is 0 below)
+    __m512 dots[16];
+    for (int j = 0; j < 16; ++j) {
+      dots[j] = _mm512_mul_ps(qv[0], load16(k[s + j]));
+      for (int c = 1; c < NC; ++c) dots[j] = _mm512_fmadd_ps(qv[c], load16(k[s + j] + 16 * c), dots[j]);
+    }
+    _mm512_storeu_ps(scores + s, sum16(dots));
+  }
+  for (; s < S; ++s) {
+    __m512 dot = _mm512_mul_ps(qv[0], load16(k[s]));
+    for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k[s] + 16 * c), dot);
+    scores[s] = _mm512_reduce_add_ps(dot);
+  }
+}
+
+// valid[0, 16) as a lane mask
+inline __mmask16 valid16(const bool* valid) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(valid));
+  return _mm_test_epi8_mask(b, b);
+}
+
+// softmax_weights' weights, 16 keys at a time, without its sum: the same max (whatever the order it is taken in) and
+// each exp the same (exp16 is exp_clamped lane by lane)
+inline void weights16(float* scores, const bool* valid, int64_t S) {
+  __m512 lanes = _mm512_set1_ps(-INFINITY);
+  int64_t s = 0;
+  for (; s + 16 <= S; s += 16) {
+    const __m512 x = _mm512_loadu_ps(scores + s);
+    lanes = _mm512_mask_mov_ps(lanes, _mm512_mask_cmp_ps_mask(valid16(valid + s), x, lanes, _CMP_GT_OQ), x);
+  }
+  alignas(64) float lane[16];
+  _mm512_store_ps(lane, lanes);
+  float mx = -INFINITY;
+  for (const float l : lane) mx = l > mx ? l : mx;
+  for (int64_t t = s; t < S; ++t) mx = valid[t] && scores[t] > mx ? scores[t] : mx;
+  const __m512 m = _mm512_set1_ps(mx);
+  for (s = 0; s + 16 <= S; s += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + s), m));
+    _mm512_storeu_ps(scores + s, _mm512_maskz_mov_ps(valid16(valid + s), e));
+  }
+  for (; s < S; ++s) scores[s] = valid[s] ? exp_clamped(scores[s] - mx) : 0.f;
+}
+
+// attend() for GN query heads with 16-lane vectors and the head width fixed (NC chunks of 16): each head's scores and
+// weights, then the values' weighted sums a 16-wide chunk at a time, every head's sum of the chunk in a register, so a
+// value chunk is read once for all GN heads. The (row, head)'s keys and values (~14 KB at SmolLM2's shapes) stay in L1
+// across its query heads. The bits of attend(): each sum adds the same terms in the same order.
+template <typename T, int NC, int GN>
+void heads16(const T* q, Rows<T> k, Rows<T> v, const bool* valid, T* y, int64_t S, float scale, float* scores) {
+  constexpr int D = 16 * NC;
+  float sum[GN] = {};
+  for (int g = 0; g < GN; ++g) {
+    scores16<T, NC>(q + g * D, k, S, scale, scores + g * S);
+    weights16(scores + g * S, valid, S);
+  }
+  for (int64_t s = 0; s < S; ++s)  // in key order, as softmax_weights adds them
+    for (int g = 0; g < GN; ++g) sum[g] += scores[g * S + s];
+  alignas(64) float out[GN][D];
+  for (int c = 0; c < NC; ++c) {
+    __m512 acc[GN];
+    for (int g = 0; g < GN; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < S; ++s) {
+      if (!valid[s]) continue;  // skipped, not weighted 0: an unwritten column may hold anything
+      const __m512 x = load16(v[s] + 16 * c);
+      for (int g = 0; g < GN; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * S + s]), x, acc[g]);
+    }
+    for (int g = 0; g < GN; ++g)
+      _mm512_store_ps(out[g] + 16 * c, _mm512_mul_ps(acc[g], _mm512_set1_ps(1.f / sum[g])));
+  }
+  for (int g = 0; g < GN; ++g)
+    for (int d = 0; d < D; ++d) store(y + g * D + d, out[g][d]);
+}
+
+// attend() with 16-lane vectors: the query heads in groups of up to 4 (SmolLM2's are 3 a key/value head); scores
+// holds G x S floats
 template <typename T, int NC>
 void attend16(const T* q, Rows<T> k, Rows<T> v, const bool* valid, T* y, int64_t G, int64_t S, float scale,
               float* scores) {
-  constexpr int D = 16 * NC;
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 qv[NC], acc[NC];
-    for (int c = 0; c < NC; ++c) qv[c] = _mm512_mul_ps(load16(q + g * D + 16 * c), _mm512_set1_ps(scale));
-    int64_t s = 0;
-#if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, uint16_t> && NC % 2 == 0) {
-      scores_bf16<NC / 2>(q + g * D, k, S, scale, scores);
-      s = S;
+  constexpr int D = 16 * NC, GB = 4;
+  for (int64_t g = 0; g < G; g += GB) {
+    const T* qg = q + g * D;
+    T* yg = y + g * D;
+    switch (std::min<int64_t>(GB, G - g)) {
+      case 1: heads16<T, NC, 1>(qg, k, v, valid, yg, S, scale, scores); break;
+      case 2: heads16<T, NC, 2>(qg, k, v, valid, yg, S, scale, scores); break;
+      case 3: heads16<T, NC, 3>(qg, k, v, valid, yg, S, scale, scores); break;
+      default: heads16<T, NC, GB>(qg, k, v, valid, yg, S, scale, scores);
     }
-#endif
-    for (; s + 16 <= S; s += 16) {  // 16 keys at a time, masked ones too (their weight is 0 below)
-      __m512 dots[16];
-      for (int j = 0; j < 16; ++j) {
-        dots[j] = _mm512_mul_ps(qv[0], load16(k[s + j]));
-        for (int c = 1; c < NC; ++c) dots[j] = _mm512_fmadd_ps(qv[c], load16(k[s + j] + 16 * c), dots[j]);
-      }
-      _mm512_storeu_ps(scores + s, sum16(dots));
-    }
-    for (; s < S; ++s) {
-      __m512 dot = _mm512_mul_ps(qv[0], load16(k[s]));
-      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k[s] + 16 * c), dot);
-      scores[s] = _mm512_reduce_add_ps(dot);
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / softmax_weights(scores, valid, S));
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
-    for (s = 0; s < S; ++s) {
-      if (!valid[s]) continue;  // skipped, not weighted 0: an unwritten column may hold anything
-      const __m512 p = _mm512_set1_ps(scores[s]);
-      for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, load16(v[s] + 16 * c), acc[c]);
-    }
-    alignas(64) float out[D];
-    for (int c = 0; c < NC; ++c) _mm512_store_ps(out + 16 * c, _mm512_mul_ps(acc[c], inv));
-    for (int d = 0; d < D; ++d) store(y + g * D + d, out[d]);
   }
 }
 #endif
@@ -156,7 +215,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
   const bool* mp = valid.data_ptr<bool>();
   T* yp = raw<T>(y);
   at::parallel_for(0, q.size(0) * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(S), qf(D), acc(D);
+    std::vector<float> scores(G * S), qf(D), acc(D);
     for (int64_t bh = begin; bh < end; ++bh) {
       // only the keys from the row's first attended one to its last: not its left padding, nor the cache's columns
       // not yet written (a decode's cache is as wide as its last token's context)

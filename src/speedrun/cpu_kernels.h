@@ -68,17 +68,19 @@ inline __m512 load16(const uint16_t* p) {  // bf16 -> fp32: the 16 bits become t
 #endif
 
 #if defined(__AVX512F__)
-// exp_clamped on 16 lanes (n rounded to nearest, 2^n by scaling)
+// exp_clamped on 16 lanes, bit for bit: the same operations in the same order (a NaN stays a NaN)
 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  x = _mm512_min_ps(_mm512_set1_ps(88.f), _mm512_max_ps(_mm512_set1_ps(-87.f), x));  // a NaN x: the second operand
+  const __m512 magic = _mm512_set1_ps(12582912.f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), magic), magic);
   const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
   __m512 p = _mm512_set1_ps(1.9875691500e-4f);
   for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));  // 2^n
 }
 
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
