@@ -8,6 +8,7 @@ their own answers' keys, with one softmax over both.
 
     python bench/decode_attention.py                 # bf16, 8 prompts x 8 samples, a 42-token prompt, 64 new tokens
     python bench/decode_attention.py --dtype fp32
+    python bench/decode_attention.py --against 8b12aea   # and on that revision's kernels: before and after
 
 Why the shared-prefix form was a candidate: the cache copies a prompt's keys to each of its samples, and each batch
 entry of the two batched products has only the 3 query heads of one key/value head as rows. It reads the prompt's
@@ -15,11 +16,17 @@ keys once per prompt, with 24 rows a product. A timed call runs every layer's at
 cache (as a decode step reads them from memory, not from the CPU's caches), at contexts spread over the decode (the
 prompt's length to prompt + new - 2: the last token drawn is never run); the forms alternate call by call. Every
 form's output is checked against the engine's first, with prompts of different padding and rows of different answer
-lengths. The last line gives each form's time per decode step and its ratio to the engine's, paired by round."""
+lengths. --against REV builds the kernels' C++ of git revision REV (its library renamed, so both load in this process)
+and times the engine's call on them as one more form, after a check of their bits against this checkout's: a kernel
+change's before and after, alternating in one process. The last line gives each form's time per decode step and its
+ratio to the engine's, paired by round."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,7 +34,7 @@ import torch.nn.functional as F
 import typer
 from torch import Tensor
 
-from speedrun.kernels import kernels_built
+from speedrun.kernels import HEADER, SOURCES, cflags, kernels_built
 from speedrun.model import batched_attention, one_query_attention
 from speedrun.typer_app import new_app
 
@@ -101,6 +108,47 @@ def forms(x: dict) -> dict[str, Callable[[int, Tensor, Tensor], Tensor]]:
                 x["q"][i], x["prefix_k"][i], x["prefix_v"][i], x["prefix_mask"], x["own_k"][i], x["own_v"][i], own)}
 
 
+def revision_attention(rev: str) -> Callable:
+    """one_query_attention's call (q [B, H, 1, D], k, v, mask [B, 1, 1, S], source, shared) on the kernels of git
+    revision rev: its C++ sources built under a library of their own (a revision with decode_attention's source rows:
+    372b76f or later)."""
+    from torch.utils.cpp_extension import load
+
+    root = Path(__file__).resolve().parent.parent
+    lib = "speedrun_kernels_at_" + subprocess.run(["git", "rev-parse", "--short=10", rev], cwd=root, check=True,
+                                                  capture_output=True, text=True).stdout.strip()
+    folder = Path(tempfile.mkdtemp())
+    for f in SOURCES + [HEADER]:
+        text = subprocess.run(["git", "show", f"{rev}:src/speedrun/{f.name}"], cwd=root, check=True,
+                              capture_output=True, text=True).stdout
+        (folder / f.name).write_text(text.replace("TORCH_LIBRARY_FRAGMENT(speedrun_kernels,",
+                                                  f"TORCH_LIBRARY_FRAGMENT({lib},"))
+    load(name=lib, sources=[str(folder / f.name) for f in SOURCES], extra_cflags=cflags(), extra_ldflags=["-fopenmp"],
+         is_python_module=False, verbose=False)
+    op = getattr(torch.ops, lib).decode_attention
+
+    def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, source: Tensor | None = None,
+                  shared: int = 0) -> Tensor:
+        B, H, _, D = q.shape
+        y = op(q.reshape(B, k.size(1), H // k.size(1), D).contiguous(), k, v, mask.reshape(B, -1).contiguous(),
+               D ** -0.5, source, shared)
+        return y.reshape(B, H, 1, D)
+    return attention
+
+
+def same_bits(x: dict, against: Callable) -> bool:
+    """Whether against gives the engine's output bit for bit over every layer, at three contexts, ragged rows."""
+    source = torch.arange(x["k"].size(1)) // x["samples"] * x["samples"]
+    P = x["prefix_k"].size(3)
+    for written in (0, x["own_k"].size(3) // 2, x["own_k"].size(3) - 2):
+        m = masks(x, written, ragged=True)[0][:, None, None]
+        for i in range(x["q"].size(0)):
+            a = one_query_attention(x["q"][i], x["k"][i], x["v"][i], m, source, P)
+            if not torch.equal(a, against(x["q"][i], x["k"][i], x["v"][i], m, source, P)):
+                return False
+    return True
+
+
 def check(dtype: torch.dtype, **shape: int) -> None:
     """Every form gives the engine's output (up to bf16 rounding), at 4 prompts x 16 samples, ragged rows."""
     x = inputs(4, 16, dtype=dtype, depth=1, **shape)
@@ -127,7 +175,8 @@ def main(dtype: str = typer.Option("bf16", help="bf16 or fp32"),
          contexts: int = typer.Option(4, help="contexts timed, spread over the decode"),
          rounds: int = typer.Option(3, help="rounds; each times every form at every context"),
          calls: int = typer.Option(5, help="timed calls (decode steps' attention) per form, context and round"),
-         threads: int = typer.Option(2, help="torch CPU threads")) -> None:
+         threads: int = typer.Option(2, help="torch CPU threads"),
+         against: str = typer.Option("", help="a git revision whose kernels to time too (372b76f or later)")) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     if not kernels_built():  # the engine's form is then the products: both columns time the same code
@@ -137,6 +186,11 @@ def main(dtype: str = typer.Option("bf16", help="bf16 or fp32"),
     check(dt, **shape)
     x = inputs(prompts, samples, dtype=dt, depth=depth, **shape)
     fs = forms(x)
+    if against:
+        before = revision_attention(against)
+        source, P = torch.arange(x["k"].size(1)) // samples * samples, prompt_len
+        fs[f"at {against}"] = lambda i, m, own: before(x["q"][i], x["k"][i], x["v"][i], m[:, None, None], source, P)
+        print(f"the engine's call on {against}'s kernels gives this checkout's bits: {same_bits(x, before)}")
     points = [round(i * (new - 2) / max(contexts - 1, 1)) for i in range(contexts)]
     print(f"{dtype}, {prompts * samples} rows ({prompts} prompts x {samples} samples), {heads} query heads on "
           f"{kv_heads} key/value heads of {head_dim}, {depth} layers, a {prompt_len}-token prompt, cache width "
