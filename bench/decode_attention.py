@@ -136,16 +136,12 @@ def revision_attention(rev: str) -> Callable:
     return attention
 
 
-def same_bits(x: dict, against: Callable) -> bool:
-    """Whether against gives the engine's output bit for bit over every layer, at three contexts, ragged rows."""
-    source = torch.arange(x["k"].size(1)) // x["samples"] * x["samples"]
-    P = x["prefix_k"].size(3)
+def same_bits(x: dict, fs: dict, name: str) -> bool:
+    """Whether form `name` gives the engine's output bit for bit over every layer, at three contexts, ragged rows."""
     for written in (0, x["own_k"].size(3) // 2, x["own_k"].size(3) - 2):
-        m = masks(x, written, ragged=True)[0][:, None, None]
-        for i in range(x["q"].size(0)):
-            a = one_query_attention(x["q"][i], x["k"][i], x["v"][i], m, source, P)
-            if not torch.equal(a, against(x["q"][i], x["k"][i], x["v"][i], m, source, P)):
-                return False
+        m, own = masks(x, written, ragged=True)
+        if not all(torch.equal(fs["engine"](i, m, own), fs[name](i, m, own)) for i in range(x["q"].size(0))):
+            return False
     return True
 
 
@@ -189,8 +185,9 @@ def main(dtype: str = typer.Option("bf16", help="bf16 or fp32"),
     if against:
         before = revision_attention(against)
         source, P = torch.arange(x["k"].size(1)) // samples * samples, prompt_len
-        fs[f"at {against}"] = lambda i, m, own: before(x["q"][i], x["k"][i], x["v"][i], m[:, None, None], source, P)
-        print(f"the engine's call on {against}'s kernels gives this checkout's bits: {same_bits(x, before)}")
+        name = f"at {against}"
+        fs[name] = lambda i, m, own: before(x["q"][i], x["k"][i], x["v"][i], m[:, None, None], source, P)
+        print(f"the engine's call on {against}'s kernels gives this checkout's bits: {same_bits(x, fs, name)}")
     points = [round(i * (new - 2) / max(contexts - 1, 1)) for i in range(contexts)]
     print(f"{dtype}, {prompts * samples} rows ({prompts} prompts x {samples} samples), {heads} query heads on "
           f"{kv_heads} key/value heads of {head_dim}, {depth} layers, a {prompt_len}-token prompt, cache width "
