@@ -6,12 +6,14 @@ import torch
 import torch.nn.functional as F
 
 import speedrun.kernels as kernels
+import speedrun.llama
 import speedrun.model
 from speedrun.engine import generate
 from speedrun.kernels import (fused_add_rms_norm, fused_cdf_search, fused_decode_attention, fused_rms_norm,
                               fused_rotary_cache, fused_silu_mul, kernels_built)
 from speedrun.model import KVCache, apply_rotary, batched_attention, one_query_attention, rotary
 from test_engine import PROMPTS, tiny, tiny_llama
+from test_packed import needs_onednn
 
 torch.set_num_threads(1)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: the products path rounds its scores and weights to bf16
@@ -274,6 +276,8 @@ def test_bad_input_names_the_kernel_and_what_is_wrong():
         ops.rotary_cache(qp, kp, vp, cos.reshape(2, 8), sin.reshape(2, 8), k_cache, v_cache, 4)
     with pytest.raises(RuntimeError, match="rotary_cache: CPU tensors of one dtype"):
         ops.rotary_cache(qp, kp, vp, cos.reshape(2, 8), sin.reshape(2, 8), k_cache.bfloat16(), v_cache, 0)
+    with pytest.raises(RuntimeError, match="llama_blocks: x .B, 1, C., caches"):
+        ops.llama_blocks(q, [], k[None], v[None], valid, cos, sin, 0, None, 0, 2, 1e-5, 0.25, torch.float32)
     with pytest.raises(RuntimeError, match="cdf_search: contiguous fp32"):
         ops.cdf_search(torch.rand(2, 5).double(), torch.rand(2).double())
 
@@ -300,3 +304,32 @@ def test_a_llama_decodes_through_the_kernels_with_the_same_tokens(family, monkey
     # head norm sits between the projection and the rotary, the rotary and the cache write)
     assert torch.equal(fused.tokens, plain.tokens)
     assert fused_products == len(products) - fused_products == 1 + 7  # the prefill and 7 decode steps
+
+
+@needs_onednn
+def test_a_bf16_llama_decode_in_one_call_a_step_gives_the_bits_of_its_blocks_called_one_by_one(monkeypatch):
+    """A sampled bf16 decode (packed products under autocast) whose rows end at a stop token (compaction moves their
+    sources): llama_blocks, the blocks in one call into C++, gives the tokens and log-probs of LlamaBlock's ops called
+    from Python. Qwen2's biased products and Qwen3's head norms keep the blocks one by one."""
+    assert kernels_built()
+    real, calls = speedrun.llama.fused_llama_blocks, []
+    monkeypatch.setattr(speedrun.llama, "fused_llama_blocks",
+                        lambda *a: (y := real(*a), calls.append(y is not None))[0])
+
+    def sample(model):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return generate(model, [[1, 2, 4, 5, 6, 7, 9], [9, 8], [5, 10, 11, 2]], num_samples=8, max_new_tokens=16,
+                            temperature=1.0, stop_id=3, pad_id=0, generator=torch.Generator().manual_seed(1))
+    model = tiny_llama("llama", vocab=12)
+    fused = sample(model)
+    assert len(calls) >= 4 and all(calls)  # every decode step until the rows ended
+    monkeypatch.setattr(speedrun.llama.Llama, "fused_decode", lambda *a: None)
+    one_by_one = sample(model)
+    assert fused.mask.sum() < fused.mask.numel()  # rows ended early
+    assert torch.equal(fused.tokens, one_by_one.tokens) and torch.equal(fused.logprobs, one_by_one.logprobs)
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(speedrun.llama, "fused_llama_blocks", lambda *a: (calls.append(1), real(*a))[1])
+    for family in ("qwen2", "qwen3"):
+        sample(tiny_llama(family, vocab=12))
+    assert not calls

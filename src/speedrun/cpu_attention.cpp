@@ -241,6 +241,10 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
   });
 }
 
+}  // namespace
+
+namespace speedrun_kernels {
+
 // q [B, Hkv, G, D]: each key/value head's G query heads; k, v [B, Hkv, S, D]; valid [B, S] (True: attended); source
 // [B] (int64, optional): the row whose columns [0, shared) hold the same keys and values as row b's (the first copy
 // of its prompt's: KVCache.source), read in their place
@@ -273,9 +277,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return y;
 }
 
-}  // namespace
+}  // namespace speedrun_kernels
 
 TORCH_LIBRARY_FRAGMENT(speedrun_kernels, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor valid, float scale, Tensor? source, int shared) -> "
-        "Tensor", &decode_attention);
+        "Tensor", &speedrun_kernels::decode_attention);
 }

@@ -7,8 +7,12 @@
 //   where the build has no AVX512: its loop was slower there).
 // - cdf_search: a draw's inverse CDF, the same index as searchsorted(exp(logprobs).cumsum(-1), u * total) (the sums in
 //   fp64 one term after another, as PyTorch's cumsum takes them) without writing the CDF, 8 rows side by side.
+// - llama_blocks: a Llama's blocks over one decode step, the kernels above and oneDNN's packed products called from
+//   here in the order LlamaBlock runs them from Python (the same bits), without the Python between them.
 // A thread computes whole rows (or (row, head) pairs), so results do not depend on the thread count.
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/mul.h>
@@ -17,6 +21,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -287,6 +292,47 @@ at::Tensor cdf_search(const at::Tensor& probs, const at::Tensor& u) {
   return out;
 }
 
+// oneDNN's product of x with a weight packed for it (speedrun.packed: torch.ops.mkldnn._linear_pointwise, no bias)
+at::Tensor packed_product(const at::Tensor& x, const at::Tensor& w) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "").typed<
+      at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::string_view,
+                 c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>)>();
+  return op.call(x, w, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), std::string_view(""));
+}
+
+// x [B, 1, C] (the residual stream) through a Llama's blocks at one decode step: the kernels and products
+// LlamaBlock's decode runs (speedrun.llama), in its order, on the same inputs. weights, six a block: its attention
+// norm's weight (fp32), its packed query/key/value and output products, its MLP norm's weight, its packed gate/up and
+// down products; caches [L, B, Hkv, W, D]; valid [B, W]; cos, sin [B or 1, D / 2]; dtype: the products' (the norms
+// write it). Writes each block's keys and values at column pos; returns x after the last block.
+at::Tensor llama_blocks(const at::Tensor& x, at::TensorList weights, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& valid, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t pos, const std::optional<at::Tensor>& source, int64_t shared, int64_t n_head,
+                        double eps, double scale, at::ScalarType dtype) {
+  TORCH_CHECK(x.dim() == 3 && x.size(1) == 1 && k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() &&
+              static_cast<int64_t>(weights.size()) == 6 * k_cache.size(0) && n_head % k_cache.size(2) == 0,
+              "llama_blocks: x [B, 1, C], caches [L, B, Hkv, W, D], six weights a block, Hkv dividing the heads");
+  const int64_t B = x.size(0), Hkv = k_cache.size(2), D = k_cache.size(4);
+  auto product = [dtype](const at::Tensor& in, const at::Tensor& w) {
+    TORCH_CHECK(in.scalar_type() == dtype, "llama_blocks: a product's input not in the products' dtype");
+    return packed_product(in, w);
+  };
+  at::Tensor s = x;
+  for (int64_t l = 0; l < k_cache.size(0); ++l) {
+    const at::Tensor* w = weights.data() + 6 * l;
+    const std::vector<at::Tensor> qkv =
+        product(rms_norm(s, w[0], eps, dtype), w[1]).split_with_sizes({n_head * D, Hkv * D, Hkv * D}, -1);
+    const at::Tensor kc = k_cache.select(0, l), vc = v_cache.select(0, l);
+    const at::Tensor q = rotary_cache(qkv[0], qkv[1], qkv[2], cos, sin, kc, vc, pos);
+    const at::Tensor y = decode_attention(q.reshape({B, Hkv, n_head / Hkv, D}), kc, vc, valid, scale, source, shared);
+    auto [sum, h] = add_rms_norm(s, product(y.reshape({B, 1, n_head * D}), w[2]), w[3], eps, dtype);
+    const at::Tensor gate_up = product(h, w[4]);
+    const int64_t F = gate_up.size(-1) / 2;
+    s = at::add(sum, product(silu_mul(gate_up.narrow(-1, 0, F), gate_up.narrow(-1, F, F)), w[5]));
+  }
+  return s;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(speedrun_kernels, m) {
@@ -297,4 +343,7 @@ TORCH_LIBRARY_FRAGMENT(speedrun_kernels, m) {
         "int pos) -> Tensor", &rotary_cache);
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor", &silu_mul);
   m.def("cdf_search(Tensor probs, Tensor u) -> Tensor", &cdf_search);
+  m.def("llama_blocks(Tensor x, Tensor[] weights, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor valid, Tensor cos, "
+        "Tensor sin, int pos, Tensor? source, int shared, int n_head, float eps, float scale, ScalarType dtype) -> "
+        "Tensor", &llama_blocks);
 }

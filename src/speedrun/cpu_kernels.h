@@ -93,4 +93,8 @@ inline void store16(uint16_t* p, __m512 v) {  // store()'s rounding on 16 lanes
 }
 #endif
 
+// the decode attention (cpu_attention.cpp), which the fused Llama blocks (cpu_kernels.cpp) call as well
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& valid,
+                            double scale, const std::optional<at::Tensor>& source, int64_t shared);
+
 }  // namespace speedrun_kernels

@@ -1,13 +1,15 @@
 """The lab's compiled CPU kernels (SOURCES: the C++ beside this file), for a decode step: the Llama's attention
 (speedrun.model.one_query_attention), its rotary and cache write, its residual adds and RMSNorms and its SwiGLU's
 silu(gate) * up (speedrun.llama), and every model's draw (speedrun.decode._draw), each one pass where PyTorch runs
-several ops. No backward: they run only where no gradient is wanted.
+several ops; and a Llama's blocks at a decode step in one call (llama_blocks: those kernels and the packed products
+from C++, in LlamaBlock's order). No backward: they run only where no gradient is wanted.
 
 Why: at a 64-row decode of SmolLM2 the attention's batched products, casts, mask and softmax took 17-23% of a step,
 about twice the time the step takes to read the cache; an RMSNorm of 64 rows took 75-90 us in 7 ops, and the rotary
-and the cache write 139 us in about 15, 30 times a token; the draw's cumsum and search 2 ms (bench/decode_attention.py,
-docs/LOG.md). Only the dynamic decode calls the Llama's (the static and compiled decodes run Llama.decode_step,
-PyTorch's ops). The draw gives the bits PyTorch's ops give, so the GPT's samples do not change.
+and the cache write 139 us in about 15, 30 times a token; the draw's cumsum and search 2 ms; the Python around a
+block's 10 calls, while one of the two threads waited, about an eighth of a step (bench/decode_attention.py,
+bench/decode_smollm2.py, docs/LOG.md). Only the dynamic decode calls the Llama's (the static and compiled decodes run
+Llama.decode_step, PyTorch's ops). The draw gives the bits PyTorch's ops give, so the GPT's samples do not change.
 
 It is built on first use with torch's extension builder (a C++ compiler with OpenMP, and ninja) for this CPU's own
 instructions (less AVX512 where ATen runs without it: cflags), and cached by torch (TORCH_EXTENSIONS_DIR, else
@@ -134,6 +136,22 @@ def fused_cdf_search(probs: Tensor, u: Tensor) -> Tensor | None:
     apply."""
     ops = _kernels(probs, u) if probs.dtype == torch.float32 else None
     return None if ops is None else ops.cdf_search(probs.contiguous(), u.contiguous())
+
+
+def fused_llama_blocks(x: Tensor, weights: list[Tensor], k_cache: Tensor, v_cache: Tensor, valid: Tensor, cos: Tensor,
+                       sin: Tensor, pos: int, source: Tensor | None, shared: int, n_head: int, eps: float,
+                       dtype: torch.dtype) -> Tensor | None:
+    """x [B, 1, C] through a Llama's blocks at a decode step in one call (Llama.fused_decode lists the weights): the
+    kernels above and the packed products (speedrun.packed) LlamaBlock's decode runs, in its order, from C++; writes
+    each block's keys and values into the caches [L, B, Hkv, W, D] at column pos. None where the kernels do not
+    apply: x, the caches and cos must be on a CPU, without gradients, the caches and cos in the products' dtype."""
+    ops = _kernels(x)
+    if ops is None or not (k_cache.dtype == v_cache.dtype == cos.dtype == sin.dtype == dtype):
+        return None
+    half = cos.size(-1)
+    return ops.llama_blocks(x.contiguous(), weights, k_cache, v_cache, valid.contiguous(),
+                            cos.reshape(-1, half).contiguous(), sin.reshape(-1, half).contiguous(), pos, source, shared,
+                            n_head, eps, k_cache.size(-1) ** -0.5, dtype)
 
 
 def fused_silu_mul(gate: Tensor, up: Tensor) -> Tensor | None:

@@ -15,9 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernels import fused_add_rms_norm, fused_rms_norm, fused_rotary_cache, fused_silu_mul
+from speedrun.kernels import fused_add_rms_norm, fused_llama_blocks, fused_rms_norm, fused_rotary_cache, fused_silu_mul
 from speedrun.model import GPT, KVCache, apply_rotary, attention_inputs, one_query_attention, rotary, trunk_blocks
-from speedrun.packed import fused
+from speedrun.packed import fused, packed_weight
 from speedrun.shapes import record
 
 
@@ -215,11 +215,37 @@ class Llama(nn.Module):
         positions, mask, key_mask = attention_inputs(idx, key_mask, positions, kv_cache, padded)
         cos, sin = hf_rotary(positions, self.config, compute_dtype(self, idx.device))
         x = self.wte(idx) if resume is None else resume
-        for block in trunk_blocks(self.blocks, split, resume):
+        fused = self.fused_decode(x, cos, sin, mask, kv_cache) if split is None and resume is None else None
+        for block in trunk_blocks(self.blocks, split, resume) if fused is None else ():
             x = block(x, cos, sin, mask, kv_cache)
+        x = x if fused is None else fused
         if kv_cache is not None:
             kv_cache.advance(key_mask)
         return x if split is not None and resume is None else self.norm_f(x)
+
+    def fused_decode(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv_cache: KVCache | None
+                     ) -> Tensor | None:
+        """x [B, 1, C] through the blocks at a decode step in one call into the CPU kernels (speedrun.kernels'
+        fused_llama_blocks): the kernels and packed products LlamaBlock's decode runs, in its order (the same bits),
+        without Python between them. None where it does not apply: not a decode step, products not packed or
+        with biases (speedrun.packed; Qwen2), Qwen3's head norms, no autocast, or the kernels do not apply."""
+        if x.size(1) != 1 or type(kv_cache) is not KVCache or kv_cache.k is None or self.config.qk_norm or \
+                not torch.is_autocast_enabled(x.device.type):
+            return None
+        weights = []
+        for block in self.blocks:
+            products = [packed_weight(block.attn, "packed_qkv"), packed_weight(block.attn.o, "forward"),
+                        packed_weight(block.mlp, "packed_gate_up"), packed_weight(block.mlp.down, "forward")]
+            if any(w is None for w in products):
+                return None
+            weights += [block.attn_norm.weight, *products[:2], block.mlp_norm.weight, *products[2:]]
+        kv_cache.check_room(1)
+        y = fused_llama_blocks(x, weights, kv_cache.k, kv_cache.v, kv_cache.valid, cos, sin, kv_cache.pos,
+                               kv_cache.source, kv_cache.shared, self.config.n_head, self.config.norm_eps,
+                               torch.get_autocast_dtype(x.device.type))
+        if y is not None:
+            record("attention", x.size(0), 1, kv_cache.key_width(1), mask is not None)
+        return y
 
     def decode_step(self, token: Tensor, k: Tensor, v: Tensor, valid: Tensor, lengths: Tensor
                     ) -> tuple[Tensor, Tensor, Tensor]:

@@ -48,6 +48,13 @@ def fused(module: nn.Module, name: str, x: Tensor) -> tuple[Tensor, ...] | None:
     return None if product is None else product(x).split(product.sizes, -1)
 
 
+def packed_weight(module: nn.Module, name: str) -> Tensor | None:
+    """The packed weight of module's product `name` (a FUSE name, or "forward": the module's own Linear) inside
+    packed_linears, where it has no bias; else None."""
+    product = module.__dict__.get(name)
+    return None if product is None or product.args[1] is not None else product.args[0]
+
+
 def _pack(linears: list[nn.Linear], dtype: torch.dtype, rows: int):
     """One packed product of linears' weights stacked (their outputs side by side), its output sizes attached."""
     w = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight for m in linears]).to(dtype), rows)
