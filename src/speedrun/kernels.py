@@ -145,8 +145,8 @@ def fused_llama_blocks(x: Tensor, weights: list[Tensor], k_cache: Tensor, v_cach
     kernels above and the packed products (speedrun.packed) LlamaBlock's decode runs, in its order, from C++; writes
     each block's keys and values into the caches [L, B, Hkv, W, D] at column pos. None where the kernels do not
     apply: x, the caches and cos must be on a CPU, without gradients, the caches and cos in the products' dtype."""
-    ops = _kernels(x)
-    if ops is None or not (k_cache.dtype == v_cache.dtype == cos.dtype == sin.dtype == dtype):
+    ops = _kernels(x) if _kernels(k_cache, v_cache, cos, sin) is not None and k_cache.dtype == dtype else None
+    if ops is None:
         return None
     half = cos.size(-1)
     return ops.llama_blocks(x.contiguous(), weights, k_cache, v_cache, valid.contiguous(),

@@ -216,9 +216,11 @@ class Llama(nn.Module):
         cos, sin = hf_rotary(positions, self.config, compute_dtype(self, idx.device))
         x = self.wte(idx) if resume is None else resume
         fused = self.fused_decode(x, cos, sin, mask, kv_cache) if split is None and resume is None else None
-        for block in trunk_blocks(self.blocks, split, resume) if fused is None else ():
-            x = block(x, cos, sin, mask, kv_cache)
-        x = x if fused is None else fused
+        if fused is not None:
+            x = fused
+        else:
+            for block in trunk_blocks(self.blocks, split, resume):
+                x = block(x, cos, sin, mask, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(key_mask)
         return x if split is not None and resume is None else self.norm_f(x)
