@@ -1,6 +1,11 @@
 """The compiled CPU kernels (speedrun.kernels): the same sums as PyTorch's ops (the same bits where the kernel claims
 them: the residual add, the norm's rounding to the next product's dtype, the draw), masked keys unread, results that do
 not depend on the thread count, clear errors on bad input, and the Llama's decode using them."""
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,6 +28,23 @@ ONE_ROUNDING = {torch.float32: 1e-6, torch.bfloat16: 2 ** -7}  # fp32 math round
 def test_the_kernels_build_here():
     assert kernels_built(), "speedrun.kernels could not build cpu_kernels.cpp: see the message above (a C++ compiler " \
                             "with OpenMP and ninja are needed; without them the decode runs PyTorch's ops, slower)"
+
+
+def test_a_lock_a_killed_build_left_does_not_stall_the_next_build(tmp_path):
+    """torch's builder waits while its baton file exists, and a build killed mid-way leaves it: a CI run waited on
+    one until its time ran out. Under build_lock's flock the next build removes it, says so, and loads."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    assert kernels_built()
+    name = kernels.extension_name()
+    copy = tmp_path / name  # the build as a killed process left it: the library built, torch's baton still there
+    shutil.copytree(_get_build_directory(name, verbose=False), copy, ignore=shutil.ignore_patterns("lock", "*.flock"))
+    (copy / "lock").touch()
+    run = subprocess.run([sys.executable, "-c", "import speedrun.kernels as k; print(k.kernels_built())"],
+                         env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr
+    assert "which a killed build left" in run.stderr and not (copy / "lock").exists()
 
 
 def attention_inputs(B: int, Hkv: int, G: int, S: int, D: int, dtype: torch.dtype, seed: int = 0):

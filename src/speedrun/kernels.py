@@ -14,14 +14,16 @@ Llama.decode_step, PyTorch's ops). The draw gives the bits PyTorch's ops give, s
 It is built on first use with torch's extension builder (a C++ compiler with OpenMP, and ninja) for this CPU's own
 instructions (less AVX512 where ATen runs without it: cflags), and cached by torch (TORCH_EXTENSIONS_DIR, else
 ~/.cache/torch_extensions) under a name that hashes the CPU, the torch version, the flags and the source: about 10 s
-once per machine. Where they cannot be built (no compiler), the decode runs PyTorch's ops, the same sums, after one
-message on stderr that says why.
+once per machine, one process at a time (build_lock). Where they cannot be built (no compiler), the decode runs
+PyTorch's ops, the same sums, after one message on stderr that says why.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import platform
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -54,17 +56,42 @@ def cpu_identity() -> str:
     return "\n".join(dict.fromkeys(keep))  # once: every core repeats them
 
 
+def extension_name() -> str:
+    """The built library's name: it hashes this CPU, the torch version, the sources and the flags."""
+    texts = [f.read_text() for f in SOURCES + [HEADER]]
+    return "speedrun_kernels_" + stable_hash(cpu_identity(), torch.__version__, *texts, cflags(), n_hex=12)
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold an flock on build_dir/build.flock while torch's builder runs there. Why: torch's own baton is a `lock`
+    file it deletes when its build ends, so a process killed mid-build leaves it and every later build waits on it
+    forever (a CI run stalled so); an flock the kernel drops when its holder dies, so under it a `lock` file is stale,
+    and it is removed (with a message)."""
+    import fcntl  # POSIX only, as is the -march=native build
+
+    with open(build_dir / "build.flock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        baton = build_dir / "lock"
+        if baton.exists():
+            print(f"speedrun.kernels: removed {baton}, which a killed build left (torch's builder would wait on it "
+                  "forever)", file=sys.stderr)
+            baton.unlink()
+        yield
+
+
 @functools.cache
 def kernels_built() -> bool:
     """Whether torch.ops.speedrun_kernels is loaded: built (or found built) once per process; where it cannot be
     built, False and the reason printed once."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
 
-    flags, texts = cflags(), [f.read_text() for f in SOURCES + [HEADER]]
-    name = "speedrun_kernels_" + stable_hash(cpu_identity(), torch.__version__, *texts, flags, n_hex=12)
+    name = extension_name()
     try:
-        load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-             is_python_module=False, verbose=False)
+        build_dir = Path(_get_build_directory(name, verbose=False))  # torch's rule: TORCH_EXTENSIONS_DIR, else ~/.cache
+        with build_lock(build_dir):
+            load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=cflags(), extra_ldflags=["-fopenmp"],
+                 build_directory=str(build_dir), is_python_module=False, verbose=False)
     except Exception as e:  # no compiler, no OpenMP, no ninja: PyTorch's ops do the same job, slower
         print(f"speedrun.kernels: the CPU kernels ({', '.join(f.name for f in SOURCES)}) could not be built, so the "
               f"decode runs PyTorch's ops: {type(e).__name__}: {str(e).strip()[-500:]}", file=sys.stderr)
