@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 import typer
 from torch import Tensor
 
-from speedrun.kernels import HEADER, SOURCES, cflags, kernels_built
+from speedrun.kernels import HEADER, SOURCES, build, kernels_built
 from speedrun.model import batched_attention, one_query_attention
 from speedrun.typer_app import new_app
 
@@ -112,19 +111,13 @@ def revision_attention(rev: str) -> Callable:
     """one_query_attention's call (q [B, H, 1, D], k, v, mask [B, 1, 1, S], source, shared) on the kernels of git
     revision rev: its C++ sources built under a library of their own (a revision with decode_attention's source rows:
     372b76f or later)."""
-    from torch.utils.cpp_extension import load
-
     root = Path(__file__).resolve().parent.parent
     lib = "speedrun_kernels_at_" + subprocess.run(["git", "rev-parse", "--short=10", rev], cwd=root, check=True,
                                                   capture_output=True, text=True).stdout.strip()
-    folder = Path(tempfile.mkdtemp())
-    for f in SOURCES + [HEADER]:
-        text = subprocess.run(["git", "show", f"{rev}:src/speedrun/{f.name}"], cwd=root, check=True,
-                              capture_output=True, text=True).stdout
-        (folder / f.name).write_text(text.replace("TORCH_LIBRARY_FRAGMENT(speedrun_kernels,",
-                                                  f"TORCH_LIBRARY_FRAGMENT({lib},"))
-    load(name=lib, sources=[str(folder / f.name) for f in SOURCES], extra_cflags=cflags(), extra_ldflags=["-fopenmp"],
-         is_python_module=False, verbose=False)
+    texts = {f.name: subprocess.run(["git", "show", f"{rev}:src/speedrun/{f.name}"], cwd=root, check=True,
+                                    capture_output=True, text=True).stdout for f in SOURCES + [HEADER]}
+    build(lib, {f: text.replace("TORCH_LIBRARY_FRAGMENT(speedrun_kernels,", f"TORCH_LIBRARY_FRAGMENT({lib},")
+                for f, text in texts.items()})
     op = getattr(torch.ops, lib).decode_attention
 
     def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, source: Tensor | None = None,

@@ -2,9 +2,9 @@
 them: the residual add, the norm's rounding to the next product's dtype, the draw), masked keys unread, results that do
 not depend on the thread count, clear errors on bad input, and the Llama's decode using them."""
 import os
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,19 +32,28 @@ def test_the_kernels_build_here():
 
 def test_a_lock_a_killed_build_left_does_not_stall_the_next_build(tmp_path):
     """torch's builder waits while its baton file exists, and a build killed mid-way leaves it: a CI run waited on
-    one until its time ran out. Under build_lock's flock the next build removes it, says so, and loads."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    assert kernels_built()
+    one until its time ran out. Under build_lock's flock the next build removes it, says so, and builds."""
     name = kernels.extension_name()
-    copy = tmp_path / name  # the build as a killed process left it: the library built, torch's baton still there
-    shutil.copytree(_get_build_directory(name, verbose=False), copy, ignore=shutil.ignore_patterns("lock", "*.flock"))
-    (copy / "lock").touch()
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "lock").touch()  # what a process killed while it held torch's baton leaves
     run = subprocess.run([sys.executable, "-c", "import speedrun.kernels as k; print(k.kernels_built())"],
                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr
-    assert "which a killed build left" in run.stderr and not (copy / "lock").exists()
+    assert "which a killed build left" in run.stderr and not (tmp_path / name / "lock").exists()
+
+
+def test_every_checkout_compiles_the_same_copy_of_the_sources():
+    """The build compiles the copies in its own directory, not a checkout's files: a checkout elsewhere (the suite's
+    copies of the repo) with the same sources finds it built instead of rebuilding it."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    assert kernels_built()
+    build_dir = Path(_get_build_directory(kernels.extension_name(), verbose=False))
+    ninja = (build_dir / "build.ninja").read_text()
+    for f in kernels.SOURCES + [kernels.HEADER]:
+        assert (build_dir / "src" / f.name).read_text() == f.read_text()
+    assert f"compile {build_dir / 'src' / 'cpu_kernels.cpp'}" in ninja and str(kernels.SOURCES[0].parent) not in ninja
 
 
 def attention_inputs(B: int, Hkv: int, G: int, S: int, D: int, dtype: torch.dtype, seed: int = 0):

@@ -56,18 +56,21 @@ def cpu_identity() -> str:
     return "\n".join(dict.fromkeys(keep))  # once: every core repeats them
 
 
+LAYOUT = "sources copied into the build directory; built under build_lock"  # in the name: no older layout shares it
+
+
 def extension_name() -> str:
-    """The built library's name: it hashes this CPU, the torch version, the sources and the flags."""
+    """The built library's name: it hashes this CPU, the torch version, the sources, the flags and the LAYOUT."""
     texts = [f.read_text() for f in SOURCES + [HEADER]]
-    return "speedrun_kernels_" + stable_hash(cpu_identity(), torch.__version__, *texts, cflags(), n_hex=12)
+    return "speedrun_kernels_" + stable_hash(cpu_identity(), torch.__version__, *texts, cflags(), LAYOUT, n_hex=12)
 
 
 @contextlib.contextmanager
 def build_lock(build_dir: Path) -> Iterator[None]:
     """Hold an flock on build_dir/build.flock while torch's builder runs there. Why: torch's own baton is a `lock`
     file it deletes when its build ends, so a process killed mid-build leaves it and every later build waits on it
-    forever (a CI run stalled so); an flock the kernel drops when its holder dies, so under it a `lock` file is stale,
-    and it is removed (with a message)."""
+    forever (a CI run stalled so); an flock the kernel drops when its holder dies, so under it (every builder of a
+    LAYOUT name takes it) a `lock` file is stale, and it is removed (with a message)."""
     import fcntl  # POSIX only, as is the -march=native build
 
     with open(build_dir / "build.flock", "a") as f:
@@ -80,18 +83,30 @@ def build_lock(build_dir: Path) -> Iterator[None]:
         yield
 
 
+def build(name: str, texts: dict[str, str]) -> None:
+    """Build (or find built) and load library name from texts (file name: C++ source; the .cpp files compiled)
+    under build_lock. The sources are copied into the build directory first: every checkout with the same sources
+    then compiles the same paths, so ninja finds it built (from each checkout's own path torch rewrote the build
+    file and ninja rebuilt it, 13 s each, 29 times in one run of the suite)."""
+    from torch.utils.cpp_extension import _get_build_directory, load
+
+    build_dir = Path(_get_build_directory(name, verbose=False))  # torch's rule: TORCH_EXTENSIONS_DIR, else ~/.cache
+    with build_lock(build_dir):
+        (build_dir / "src").mkdir(exist_ok=True)
+        for file, text in texts.items():
+            if not (dst := build_dir / "src" / file).exists() or dst.read_text() != text:  # one a killed copy cut
+                dst.write_text(text)
+        load(name=name, sources=[str(build_dir / "src" / f) for f in texts if f.endswith(".cpp")],
+             extra_cflags=cflags(), extra_ldflags=["-fopenmp"], build_directory=str(build_dir),
+             is_python_module=False, verbose=False)
+
+
 @functools.cache
 def kernels_built() -> bool:
     """Whether torch.ops.speedrun_kernels is loaded: built (or found built) once per process; where it cannot be
     built, False and the reason printed once."""
-    from torch.utils.cpp_extension import _get_build_directory, load
-
-    name = extension_name()
     try:
-        build_dir = Path(_get_build_directory(name, verbose=False))  # torch's rule: TORCH_EXTENSIONS_DIR, else ~/.cache
-        with build_lock(build_dir):
-            load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=cflags(), extra_ldflags=["-fopenmp"],
-                 build_directory=str(build_dir), is_python_module=False, verbose=False)
+        build(extension_name(), {f.name: f.read_text() for f in SOURCES + [HEADER]})
     except Exception as e:  # no compiler, no OpenMP, no ninja: PyTorch's ops do the same job, slower
         print(f"speedrun.kernels: the CPU kernels ({', '.join(f.name for f in SOURCES)}) could not be built, so the "
               f"decode runs PyTorch's ops: {type(e).__name__}: {str(e).strip()[-500:]}", file=sys.stderr)
